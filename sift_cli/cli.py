@@ -1,0 +1,246 @@
+"""The `sift` command line: parse, call the library, render with rich or JSON. No logic lives here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .console import err, human_bytes, out, pct, print_json, token_progress
+from .errors import SiftError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
+                  help="Profile a RAG corpus offline into attention bit vectors; run sparse prefill online.")
+
+ModelOpt = typer.Option(None, "--model", help="HF model id (offline cache), local directory or .gguf file; "
+                                              "default: the bundled SmolLM2-135M-Instruct GGUF")
+DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
+DtypeOpt = typer.Option("auto", "--dtype", help="model dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+JsonOpt = typer.Option(False, "--json", help="print one JSON object on stdout")
+TrustOpt = typer.Option(False, "--trust-remote-code", help="allow model code from the checkpoint (off by default)")
+OnlineOpt = typer.Option(False, "--online", help="allow downloading the model from the Hugging Face Hub")
+
+
+def _load(model, device, dtype, trust_remote_code=False, online=False):
+    from .models import load_model
+
+    return load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
+
+
+# ---- profile ---------------------------------------------------------------------------------------------------
+
+@app.command()
+def profile(
+    corpus: str = typer.Argument(..., help="directory of .txt/.md, .jsonl[.gz|.zst], .parquet, "
+                                           "or builtin:stdlib-docs"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="shard directory (created; resumable)"),
+    model: Optional[str] = ModelOpt,
+    tile: int = typer.Option(64, "--tile", help="tile/page size T (power of two, 16..256)"),
+    alpha: float = typer.Option(1e-3, "--alpha", help="LA threshold: a tile is kept if any probability >= alpha"),
+    beta: float = typer.Option(1e-2, "--beta", help="CA score threshold"),
+    gamma: float = typer.Option(0.10, "--gamma", help="CA concentration threshold"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    batch_tokens: int = typer.Option(0, "--batch-tokens", help="padded tokens per forward batch "
+                                                               "(0: 16384 on CPU, 65536 on GPU)"),
+    num_shards: Optional[int] = typer.Option(None, "--num-shards", help="number of shard files (hash buckets); "
+                                                                         "default: one per --docs-per-shard docs"),
+    docs_per_shard: int = typer.Option(1000, "--docs-per-shard"),
+    strict: bool = typer.Option(False, "--strict", help="fail on documents longer than the model's context "
+                                                        "instead of skipping them"),
+    id_field: str = typer.Option("id", "--id-field", help="JSONL/Parquet id field"),
+    text_field: str = typer.Option("text", "--text-field", help="JSONL/Parquet text field"),
+    title_field: str = typer.Option("title", "--title-field", help="JSONL/Parquet title field (optional)"),
+    template: Optional[str] = typer.Option(None, "--template", help="document template with {title}, {text}, "
+                                                                     "{id}; default 'Title: {title}\\n{text}\\n\\n'"),
+    prefix_text: Optional[str] = typer.Option(None, "--prefix-text", help="prompt prefix text (default: the "
+                                                                           "chat template up to the user turn)"),
+    trust_remote_code: bool = TrustOpt,
+    online: bool = OnlineOpt,
+    as_json: bool = JsonOpt,
+):
+    """Profile every document of CORPUS into Parquet bit-vector shards under --out."""
+    from .corpus import CorpusFormat
+    from .job import profile_corpus
+    from .profile import ProfileConfig
+
+    corpus = _resolve_corpus(corpus)
+    if num_shards is not None and num_shards < 1:
+        raise SiftError("--num-shards must be at least 1")
+    lm = _load(model, device, dtype, trust_remote_code, online)
+    gpu = lm.device.type == "cuda"
+    cfg = ProfileConfig(tile=tile, alpha=alpha, beta=beta, gamma=gamma,
+                        batch_tokens=batch_tokens or (65536 if gpu else 16384),
+                        stats_budget_bytes=(2 << 30) if gpu else (256 << 20))
+    fmt = CorpusFormat(id_field, text_field, title_field, template.encode().decode("unicode_escape")
+                       if template else None)
+    with token_progress("profiling", not as_json) as progress:
+        report = profile_corpus(corpus, out_dir, lm, cfg, fmt, num_shards=num_shards, docs_per_shard=docs_per_shard,
+                                strict=strict, prefix_text=prefix_text, progress=progress)
+    if as_json:
+        print_json(report.to_json())
+        return
+    out.print(f"[bold]{report.out}[/]: {report.documents} documents in {report.num_shards} shards")
+    out.print(f"  profiled {report.profiled} documents ({report.tokens} tokens) in {report.seconds:.1f} s "
+              f"= {report.tokens_per_second:,.0f} tokens/s on {lm.device}")
+    if report.reused:
+        out.print(f"  reused {report.reused} documents from {report.shards_reused} finished shards")
+    if report.skipped_too_long:
+        out.print(f"  [yellow]skipped {len(report.skipped_too_long)} documents longer than the model's context "
+                  f"({lm.max_context} tokens)[/]: {', '.join(report.skipped_too_long[:5])}"
+                  + (" ..." if len(report.skipped_too_long) > 5 else ""))
+    if report.manifest:
+        out.print(f"  manifest: {report.manifest}")
+
+
+def _resolve_corpus(corpus: str) -> str:
+    from .models import cache_dir
+    from .sample import SAMPLE_CORPUS, write_sample_corpus
+
+    if corpus == SAMPLE_CORPUS:
+        return str(write_sample_corpus(cache_dir() / "sample-corpus" / f"py{sys.version_info[0]}"
+                                                                     f"{sys.version_info[1]}"))
+    return corpus
+
+
+# ---- inspect / validate / status -------------------------------------------------------------------------------
+
+@app.command()
+def inspect(
+    path: Path = typer.Argument(..., help="a shard file or a shard directory"),
+    doc: Optional[str] = typer.Option(None, "--doc", help="draw this document's tile map"),
+    layer: int = typer.Option(0, "--layer"),
+    head: int = typer.Option(0, "--head"),
+    as_json: bool = JsonOpt,
+):
+    """Sparsity statistics of shards (overall and per layer) and metadata size against the KV cache."""
+    from .stats import draw_tile_map, inspect_shards, tile_map
+
+    if doc is not None:
+        tm = tile_map(path, doc, layer, head)
+        if as_json:
+            print_json(tm)
+        else:
+            out.print(draw_tile_map(tm))
+        return
+    s = inspect_shards(path)
+    if as_json:
+        print_json(s)
+        return
+    out.print(f"[bold]{s['path']}[/]: {s['files']} files, {s['documents']} documents, {s['tokens']:,} tokens "
+              f"(per document {s['tokens_min']}..{s['tokens_max']}, mean {s['tokens_mean']:.0f})")
+    out.print(f"  model {s['model']['name']}  ({s['n_layers']} layers × {s['n_heads']} heads, "
+              f"{s['n_kv_heads']} KV heads, head_dim {s['head_dim']})")
+    out.print(f"  T={s['tile_size']}  α={s['alpha']}  β={s['beta']}  γ={s['gamma']}  "
+              f"tiles {s['tiles']:,}  pages {s['pages']:,}")
+    out.print(f"  LA density {pct(s['la_density'])}   CA density {pct(s['ca_density'])}")
+    out.print(f"  metadata {human_bytes(s['metadata_bytes'])} ({human_bytes(s['shard_bytes_on_disk'])} on disk "
+              f"with tokens) vs KV cache {human_bytes(s['kv_cache_bytes_bf16'])} (bf16): "
+              f"{s['kv_to_metadata_ratio'] or 0:,.0f}× smaller")
+    table = Table(title="per layer (mean over heads, [min..max])", show_edge=False)
+    for col in ("layer", "LA density", "LA spread", "CA density", "CA spread"):
+        table.add_column(col, justify="right")
+    for r in s["per_layer"]:
+        table.add_row(str(r["layer"]), pct(r["la_density"]), f"{pct(r['la_min'])}..{pct(r['la_max'])}",
+                      pct(r["ca_density"]), f"{pct(r['ca_min'])}..{pct(r['ca_max'])}")
+    out.print(table)
+
+
+@app.command()
+def validate(
+    path: Path = typer.Argument(..., help="a shard file or a shard directory"),
+    as_json: bool = JsonOpt,
+):
+    """Check shards: schema, bit-vector lengths, token hashes, duplicates, metadata, manifest. Exit 1 on problems."""
+    from .validate import validate_path
+
+    result = validate_path(path)
+    if as_json:
+        print_json(result)
+    elif result["ok"]:
+        out.print(f"[green]ok[/]: {result['path']}: {result['files']} files, {result['documents']} documents")
+    else:
+        err.print(f"[red]{len(result['problems'])} problems[/] in {result['path']}:")
+        for p in result["problems"]:
+            err.print(f"  - {escape(p)}")
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    path: Path = typer.Argument(..., help="a shard directory"),
+    finalize: bool = typer.Option(False, "--finalize", help="write the manifest when every shard is done"),
+    as_json: bool = JsonOpt,
+):
+    """Which shards of a directory are done and which are missing; --finalize writes the manifest."""
+    from .shards import MANIFEST, ShardFile, list_parts, part_name, write_manifest
+
+    parts = list_parts(path) if path.is_dir() else []
+    if not parts:
+        raise SiftError(f"{path}: no shard files yet")
+    first = ShardFile.open(parts[0])
+    n = int(first.meta.get("sift.num_shards", 0))
+    names = {p.name for p in parts}
+    missing = [i for i in range(n) if part_name(i) not in names]
+    manifest = None
+    if finalize:
+        if missing:
+            raise SiftError(f"{path}: {len(missing)} of {n} shards are not done (first: {part_name(missing[0])}); "
+                            f"finish them before --finalize")
+        manifest = str(write_manifest(path))
+    result = {"path": str(path), "num_shards": n, "done": n - len(missing), "missing": missing,
+              "manifest": manifest or (str(path / MANIFEST) if (path / MANIFEST).is_file() else None)}
+    if as_json:
+        print_json(result)
+    else:
+        out.print(f"{path}: {result['done']}/{n} shards done" + (f"; missing {missing[:10]}" if missing else "")
+                  + (f"; manifest {result['manifest']}" if result["manifest"] else "; no manifest yet"))
+    if missing and not as_json:
+        raise typer.Exit(3)
+
+
+@app.command("sample-corpus")
+def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):
+    """Write the built-in sample corpus (Python standard-library documentation) to a directory."""
+    from .sample import write_sample_corpus
+
+    p = write_sample_corpus(directory)
+    out.print(f"wrote {len(list(p.glob('*.txt')))} documents to {p}")
+
+
+def main() -> None:
+    debug = os.environ.get("SIFT_DEBUG", "") not in ("", "0")
+    try:
+        rc = app(standalone_mode=False)  # click returns (not raises) the code of typer.Exit here
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
+    except SiftError as exc:
+        if debug:
+            raise
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
+    except Exception as exc:  # usage errors and the unexpected: one line, no traceback
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):  # typer's click exceptions
+            exc.show()
+            sys.exit(exc.exit_code)
+        if debug:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        err.print(f"[red]error:[/] {type(exc).__name__}: {escape(first)} (set SIFT_DEBUG=1 for the traceback)")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

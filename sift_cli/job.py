@@ -1,0 +1,202 @@
+"""`sift profile` as a job: corpus → tokenised documents → hash buckets → one shard file per bucket.
+
+A bucket's file is written atomically once every document in it is profiled, so a finished bucket is never
+redone and a crashed one is redone whole; within a bucket the batches depend only on its documents, so a resumed
+run writes exactly the bytes an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import __version__
+from .corpus import CorpusFormat, Document, load_documents
+from .errors import SiftError
+from .models import LoadedModel, prefix_token_ids
+from .profile import ProfileConfig, profile_batch, plan_batches
+from .shards import (FORMAT_VERSION, ShardFile, list_parts, matching_keys, part_name, shard_of, token_sha256,
+                     write_manifest, write_shard)
+
+
+@dataclass
+class ProfileReport:
+    out: str
+    num_shards: int
+    documents: int = 0  # in the corpus
+    profiled: int = 0  # this run
+    reused: int = 0  # already in finished shards
+    skipped_too_long: list[str] = field(default_factory=list)
+    tokens: int = 0  # profiled this run (documents only)
+    shards_written: int = 0
+    shards_reused: int = 0
+    seconds: float = 0.0
+    manifest: str | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {"out": self.out, "num_shards": self.num_shards, "documents": self.documents,
+                "profiled": self.profiled, "reused": self.reused, "skipped_too_long": len(self.skipped_too_long),
+                "skipped_doc_ids": self.skipped_too_long[:100], "tokens": self.tokens,
+                "shards_written": self.shards_written, "shards_reused": self.shards_reused,
+                "seconds": round(self.seconds, 3), "tokens_per_second": round(self.tokens_per_second, 1),
+                "manifest": self.manifest}
+
+
+def tokenizer_info(tokenizer) -> dict:
+    import hashlib
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    blob = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
+            "sha256": hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]}
+
+
+def shard_metadata(lm: LoadedModel, cfg: ProfileConfig, prefix_ids: list[int], num_shards: int) -> dict:
+    return {
+        "sift.format_version": FORMAT_VERSION,
+        "sift.model": lm.model_metadata(),
+        "sift.n_layers": lm.n_layers,
+        "sift.n_heads": lm.n_heads,
+        "sift.n_kv_heads": lm.n_kv_heads,
+        "sift.head_dim": lm.head_dim,
+        "sift.tile_size": cfg.tile,
+        "sift.alpha": cfg.alpha,
+        "sift.beta": cfg.beta,
+        "sift.gamma": cfg.gamma,
+        "sift.prefix_token_ids": list(prefix_ids),
+        "sift.tokenizer": tokenizer_info(lm.tokenizer),
+        "sift.tool_version": __version__,
+        "sift.num_shards": num_shards,
+        "sift.max_context": lm.max_context,
+    }
+
+
+def check_compatible(out: Path, meta: dict) -> int | None:
+    """num_shards of the shards already in `out` (None if empty); raise if they were made differently."""
+    parts = list_parts(out) if out.is_dir() else []
+    if not parts:
+        return None
+    existing = ShardFile.open(parts[0])
+    for key in matching_keys():
+        if key == "sift.num_shards":
+            continue
+        if existing.meta.get(key) != meta.get(key):
+            raise SiftError(f"{out}: holds shards made with a different {key.removeprefix('sift.')} "
+                            f"({existing.meta.get(key)!r} vs {meta.get(key)!r}); use another --out directory")
+    return int(existing.meta["sift.num_shards"])
+
+
+def tokenize_documents(tokenizer, docs: list[Document], chunk: int = 512) -> list[list[int]]:
+    out = []
+    for i in range(0, len(docs), chunk):
+        enc = tokenizer([d.text for d in docs[i: i + chunk]], add_special_tokens=False)
+        out.extend(list(ids) for ids in enc["input_ids"])
+    return out
+
+
+def default_num_shards(n_docs: int, docs_per_shard: int) -> int:
+    return max(1, -(-n_docs // max(1, docs_per_shard)))
+
+
+def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: ProfileConfig,
+                   fmt: CorpusFormat = CorpusFormat(), num_shards: int | None = None, docs_per_shard: int = 1000,
+                   strict: bool = False, prefix_text: str | None = None, only_shards: set[int] | None = None,
+                   progress: Callable[[int, int], None] | None = None, write_index: bool = True) -> ProfileReport:
+    """Profile every document of `corpus` into shards under `out`; resumable; returns what was done.
+
+    only_shards: the buckets this worker owns (None: all). progress(done_tokens, total_tokens) is called as
+    batches finish.
+    """
+    cfg.check()
+    out = Path(out)
+    t0 = time.perf_counter()
+    docs = load_documents(corpus, fmt)
+    prefix_ids = prefix_token_ids(lm.tokenizer, prefix_text)
+    meta = shard_metadata(lm, cfg, prefix_ids, 0)
+    existing_shards = check_compatible(out, meta)
+    if num_shards is None:
+        num_shards = existing_shards or default_num_shards(len(docs), docs_per_shard)
+    elif existing_shards is not None and existing_shards != num_shards:
+        raise SiftError(f"{out}: holds a shard set of {existing_shards} shards, not {num_shards}; "
+                        f"keep --num-shards {existing_shards} or use another --out directory")
+    meta["sift.num_shards"] = num_shards
+    report = ProfileReport(out=str(out), num_shards=num_shards, documents=len(docs))
+
+    buckets: dict[int, list[Document]] = {}
+    for d in docs:
+        buckets.setdefault(shard_of(d.doc_id, num_shards), []).append(d)
+    mine = sorted(s for s in range(num_shards) if only_shards is None or s in only_shards)
+
+    todo = []
+    for s in mine:
+        members = sorted(buckets.get(s, []), key=lambda d: d.doc_id)
+        done = _finished(out / part_name(s), {d.doc_id for d in members})
+        if done is not None:
+            report.shards_reused += 1
+            report.reused += done
+        else:
+            todo.append((s, members))
+
+    # Tokenise and check lengths of everything still to do before any model work: --strict fails up front.
+    limit = lm.max_context
+    plans = []
+    for s, members in todo:
+        tokens = tokenize_documents(lm.tokenizer, members)
+        keep, skipped = [], []
+        for d, t in zip(members, tokens):
+            if len(prefix_ids) + len(t) > limit:
+                if strict:
+                    raise SiftError(f"{d.origin}: document {d.doc_id!r} has {len(t)} tokens; with the "
+                                    f"{len(prefix_ids)}-token prefix that exceeds the model's context of {limit}")
+                skipped.append(d.doc_id)
+            else:
+                keep.append((d, t))
+        report.skipped_too_long.extend(skipped)
+        plans.append((s, keep, skipped))
+
+    total_tokens = sum(len(t) for _, keep, _ in plans for _, t in keep)
+    done_tokens = 0
+    for s, keep, skipped in plans:
+        rows = []
+        lengths = [len(t) for _, t in keep]
+        for batch in plan_batches(lengths, len(prefix_ids), cfg.batch_tokens):
+            bits = profile_batch(lm.model, prefix_ids, [keep[i][1] for i in batch], cfg)
+            for i, b in zip(batch, bits):
+                doc, tokens = keep[i]
+                la, ca = b.pack()
+                rows.append({"doc_id": doc.doc_id, "tokens": tokens, "token_sha256": token_sha256(tokens),
+                             "n_tokens": len(tokens), "la_bits": la, "ca_bits": ca,
+                             "la_density": b.la_density(), "ca_density": b.ca_density()})
+                done_tokens += len(tokens)
+            if progress:
+                progress(done_tokens, total_tokens)
+        write_shard(out / part_name(s), rows, {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped)})
+        report.shards_written += 1
+        report.profiled += len(rows)
+        report.tokens += sum(lengths)
+
+    if write_index and all((out / part_name(s)).is_file() for s in range(num_shards)):
+        report.manifest = str(write_manifest(out))
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _finished(path: Path, expected_ids: set[str]) -> int | None:
+    """Rows of a finished shard holding exactly `expected_ids` (profiled or skipped); None: redo it."""
+    if not path.is_file():
+        return None
+    try:
+        shard = ShardFile.open(path)
+        ids = shard.read(["doc_id"]).column("doc_id").to_pylist()
+    except SiftError:
+        return None  # unreadable: redo whole
+    skipped = shard.meta.get("sift.skipped") or []
+    if set(ids) | set(skipped) != expected_ids:
+        return None
+    return len(ids)

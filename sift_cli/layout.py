@@ -1,0 +1,116 @@
+"""Segments of an assembled prompt: prefix ‖ doc_1 ‖ … ‖ doc_n ‖ suffix (SPEC §2), and their bits.
+
+`PromptLayout` is plain offsets; `PromptBits` packs every document's LA and CA vectors (all layers and heads)
+into two flat uint8 tensors with per-document byte offsets, the form both decoders (PyTorch and CUDA) read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .bits import ca_nbytes, la_nbytes, n_pages
+
+
+@dataclass(frozen=True)
+class DocSpan:
+    doc_id: str
+    start: int  # global offset of the document's first token
+    n_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_tokens
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    prefix_len: int
+    docs: tuple[DocSpan, ...]
+    suffix_len: int
+
+    @property
+    def docs_end(self) -> int:
+        return self.docs[-1].end if self.docs else self.prefix_len
+
+    @property
+    def seq_len(self) -> int:
+        return self.docs_end + self.suffix_len
+
+    @staticmethod
+    def build(prefix_len: int, doc_ids: list[str], doc_lengths: list[int], suffix_len: int) -> "PromptLayout":
+        spans, pos = [], prefix_len
+        for doc_id, n in zip(doc_ids, doc_lengths):
+            spans.append(DocSpan(doc_id, pos, n))
+            pos += n
+        return PromptLayout(prefix_len, tuple(spans), suffix_len)
+
+    def segments(self) -> list[tuple[str, int, int]]:
+        """(kind, start, end) for every non-empty segment, in order; kind is prefix, doc or suffix."""
+        out = []
+        if self.prefix_len:
+            out.append(("prefix", 0, self.prefix_len))
+        out.extend(("doc", d.start, d.end) for d in self.docs)
+        if self.suffix_len:
+            out.append(("suffix", self.docs_end, self.seq_len))
+        return out
+
+
+@dataclass
+class PromptBits:
+    """All documents' bit vectors for one prompt, packed for the decoders.
+
+    la[la_base[d] + (layer * H + h) * la_len[d] : ... + la_len[d]] is the LA vector of doc d, layer, head h;
+    likewise ca with ca_base / ca_len. doc_start / doc_len are global token offsets; tile is T.
+    """
+
+    tile: int
+    n_layers: int
+    n_heads: int
+    la: torch.Tensor  # uint8 [sum of LA blob sizes]
+    ca: torch.Tensor  # uint8 [sum of CA blob sizes]
+    doc_start: torch.Tensor  # int32 [D]
+    doc_len: torch.Tensor  # int32 [D]
+    la_base: torch.Tensor  # int64 [D]
+    la_len: torch.Tensor  # int32 [D]
+    ca_base: torch.Tensor  # int64 [D]
+    ca_len: torch.Tensor  # int32 [D]
+    layout: PromptLayout = field(repr=False)
+
+    @staticmethod
+    def pack(layout: PromptLayout, la_blobs: list[bytes], ca_blobs: list[bytes], tile: int, n_layers: int,
+             n_heads: int) -> "PromptBits":
+        la_base, ca_base, la_len, ca_len = [], [], [], []
+        la_pos = ca_pos = 0
+        for span, la, ca in zip(layout.docs, la_blobs, ca_blobs):
+            p = n_pages(span.n_tokens, tile)
+            lb, cb = la_nbytes(p), ca_nbytes(p)
+            if len(la) != lb * n_layers * n_heads or len(ca) != cb * n_layers * n_heads:
+                raise ValueError(f"bit vectors of {span.doc_id!r} do not match {span.n_tokens} tokens at T={tile}")
+            la_base.append(la_pos)
+            ca_base.append(ca_pos)
+            la_len.append(lb)
+            ca_len.append(cb)
+            la_pos += len(la)
+            ca_pos += len(ca)
+
+        def u8(blobs):
+            joined = b"".join(blobs)
+            return torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined else torch.zeros(0, dtype=torch.uint8)
+
+        i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+        i64 = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        return PromptBits(
+            tile=tile, n_layers=n_layers, n_heads=n_heads, la=u8(la_blobs), ca=u8(ca_blobs),
+            doc_start=i32([d.start for d in layout.docs]), doc_len=i32([d.n_tokens for d in layout.docs]),
+            la_base=i64(la_base), la_len=i32(la_len), ca_base=i64(ca_base), ca_len=i32(ca_len), layout=layout,
+        )
+
+    def to(self, device) -> "PromptBits":
+        moved = {k: getattr(self, k).to(device) for k in
+                 ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len")}
+        return PromptBits(tile=self.tile, n_layers=self.n_layers, n_heads=self.n_heads, layout=self.layout, **moved)
+
+    def nbytes(self) -> int:
+        return int(self.la.numel() + self.ca.numel())

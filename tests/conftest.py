@@ -1,0 +1,48 @@
+import os
+import shutil
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = torch.cuda.is_available()
+    hopper = has_gpu and torch.cuda.get_device_capability()[0] == 9
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_hopper = pytest.mark.skip(reason="needs a Hopper (sm_90) GPU")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip_gpu)
+        if "hopper" in item.keywords and not hopper:
+            item.add_marker(skip_hopper)
+
+
+def nvcc_path():
+    return shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc") or None
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    from .helpers import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), seed=1, max_pos=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_ckpt):
+    from sift_cli.models import load_model
+
+    return load_model(str(tiny_ckpt), device="cpu")
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+    """Twelve documents of mixed length (a few tokens to a few hundred) from real prose."""
+    from .helpers import TRAINING_TEXT
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for i in range(12):
+        words = " ".join(TRAINING_TEXT[j % len(TRAINING_TEXT)] for j in range(i, i + 1 + (i * 5) % 11))
+        (root / f"doc{i:02d}.txt").write_text(words)
+    return root

@@ -1,0 +1,73 @@
+import numpy as np
+import pytest
+import torch
+
+from sift_cli.profile import ProfileConfig, doc_attention_bits, plan_batches, profile_batch
+
+from .helpers import brute_force_bits, eager_attentions, tiny_llama
+
+PREFIX = [1, 17, 29, 5, 88]
+
+
+def random_doc(n, seed, vocab=211):
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def check_doc(model, doc, cfg):
+    got = profile_batch(model, PREFIX, [doc], cfg)[0]
+    attn = eager_attentions(model, PREFIX + doc)
+    for layer, A in enumerate(attn):
+        la, ca = brute_force_bits(A, len(PREFIX), len(doc), cfg.tile, cfg.alpha, cfg.beta, cfg.gamma)
+        assert (got.la_tiles[layer].numpy() == la).all(), f"LA layer {layer}"
+        assert (got.ca_pages[layer].numpy() == ca).all(), f"CA layer {layer}"
+
+
+@pytest.mark.parametrize("tile", [16, 64, 128])
+@pytest.mark.parametrize("delta", [-1, 0, 1])
+def test_bits_equal_brute_force_near_tile(tile, delta):
+    model = tiny_llama(seed=tile + delta)
+    n = max(1, tile + delta)
+    check_doc(model, random_doc(n, tile * 7 + delta), ProfileConfig(tile=tile))
+
+
+@pytest.mark.parametrize("n", [1, 1000])
+@pytest.mark.parametrize("tile", [16, 64, 128])
+def test_bits_equal_brute_force_lengths(n, tile):
+    model = tiny_llama(seed=n)
+    check_doc(model, random_doc(n, n + tile), ProfileConfig(tile=tile, alpha=0.002, beta=0.02, gamma=0.05))
+
+
+def test_bounded_memory_chunks_give_the_same_bits():
+    """A tiny statistics budget forces one head and one tile-row band at a time: same bits."""
+    torch.manual_seed(0)
+    q, k = torch.randn(6, 300, 16) * 2, torch.randn(2, 300, 16) * 2
+    big = doc_attention_bits(q, k, 20, 280, 0.25, ProfileConfig(tile=16))
+    small = doc_attention_bits(q, k, 20, 280, 0.25, ProfileConfig(tile=16, stats_budget_bytes=1))
+    assert torch.equal(big[0], small[0]) and torch.equal(big[1], small[1])
+
+
+def test_batched_equals_single():
+    model = tiny_llama(seed=3)
+    docs = [random_doc(n, n) for n in (5, 64, 200, 130)]
+    cfg = ProfileConfig(tile=32)
+    batched = profile_batch(model, PREFIX, docs, cfg)
+    for doc, got in zip(docs, batched):
+        alone = profile_batch(model, PREFIX, [doc], cfg)[0]
+        assert torch.equal(got.la_tiles, alone.la_tiles) and torch.equal(got.ca_pages, alone.ca_pages)
+
+
+def test_zero_thresholds_select_everything():
+    model = tiny_llama(seed=5)
+    got = profile_batch(model, PREFIX, [random_doc(150, 1)], ProfileConfig(tile=16, alpha=0, beta=0, gamma=0))[0]
+    P = got.ca_pages.shape[-1]
+    assert got.ca_pages.all()
+    assert (got.la_tiles == torch.ones(P, P, dtype=torch.bool).tril()).all()
+
+
+def test_plan_batches_respects_budget_and_is_deterministic():
+    lengths = [10, 500, 30, 30, 2000, 7, 64]
+    batches = plan_batches(lengths, 8, 1024)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or max(lengths[i] + 8 for i in b) * len(b) <= 1024
+    assert batches == plan_batches(lengths, 8, 1024)
