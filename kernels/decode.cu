@@ -1,0 +1,233 @@
+// SIFT bit-vector decode (SPEC §6, §7): LA / CA bit vectors of one prompt -> per-layer CSR block lists.
+//
+// One CTA of 128 threads per (query block m, head h[, layer]). Block (m, kb) is listed iff some allowed
+// (query, key) pair with key <= query lies in it, where a query row
+//   in the prefix or the suffix  sees every key (causal, dense);
+//   in doc d (local row i)       sees every prefix key, the keys of earlier docs whose CA page is set, and the
+//                                keys j of doc d whose LA tile (i / T, j / T) is set.
+// This is evaluated exactly on intervals, the same rule as sift_cli/decode.py (which the output must equal):
+//   pass 1 (sift_decode_count) counts the listed KV blocks of each row -> counts[layer][h * M + m];
+//   a prefix sum on the host side (torch.cumsum) gives the CSR offsets [H, M + 1];
+//   pass 2 (sift_decode_write) writes each row's KV block ids in descending order (diagonal block first).
+// Each thread evaluates KV blocks kb = kb_max - t, kb_max - t - 128, ...; pass 2 ranks the listed ones of each
+// 128-wide chunk with a warp ballot + shared-memory scan, so the order is descending without sorting.
+//
+// Documents are contiguous, sorted by start, and (as the lead's decoder assumes) non-empty. No #include.
+
+#define DEC_THREADS 128
+
+struct DecodeArgs {
+  const unsigned char* la;   // all docs' LA vectors
+  const unsigned char* ca;   // all docs' CA vectors
+  const int* doc_start;      // [n_docs] global token offset
+  const int* doc_len;        // [n_docs]
+  const long long* la_base;  // [n_docs] byte offset of doc d's LA blob
+  const int* la_len;         // [n_docs] bytes of one (layer, head) LA vector of doc d
+  const long long* ca_base;  // [n_docs]
+  const int* ca_len;         // [n_docs]
+  int n_docs, prefix_len, docs_end, seq_len, tile, n_heads, block_m, block_n, n_qblocks;
+};
+
+struct RowCtx {
+  int q0, q1;         // the query block's first and last row
+  int dense_last;     // last prefix/suffix row in the block (-1: none)
+  int has_doc_rows;   // the block holds at least one document row
+  int d_first, d_last;  // documents with rows in the block
+  int layer, h;
+};
+
+// Last document whose start is <= x (documents sorted by start); -1 if none.
+__device__ __forceinline__ int doc_at(const DecodeArgs& a, int x) {
+  int lo = 0, hi = a.n_docs - 1, ans = -1;
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if (a.doc_start[mid] <= x) {
+      ans = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return ans;
+}
+
+__device__ __forceinline__ int get_bit(const unsigned char* vec, long long idx) {
+  return (vec[idx >> 3] >> (7 - (int)(idx & 7))) & 1;
+}
+
+__device__ __forceinline__ RowCtx make_ctx(const DecodeArgs& a, int m, int h, int layer) {
+  RowCtx c;
+  c.q0 = m * a.block_m;
+  c.q1 = min(c.q0 + a.block_m, a.seq_len) - 1;
+  c.layer = layer;
+  c.h = h;
+  int dl = -1;
+  if (a.prefix_len > 0 && c.q0 < a.prefix_len) dl = min(c.q1, a.prefix_len - 1);
+  if (c.q1 >= a.docs_end) dl = c.q1;  // suffix rows (the suffix is the tail of the prompt)
+  c.dense_last = dl;
+  c.has_doc_rows = (a.n_docs > 0) && (c.q1 >= a.prefix_len) && (c.q0 < a.docs_end);
+  c.d_first = c.d_last = -1;
+  if (c.has_doc_rows) {
+    c.d_first = doc_at(a, max(c.q0, a.prefix_len));
+    c.d_last = doc_at(a, min(c.q1, a.docs_end - 1));
+  }
+  return c;
+}
+
+// Is KV block kb listed for this row?
+__device__ bool listed(const DecodeArgs& a, const RowCtx& c, int kb) {
+  const int k0 = kb * a.block_n;
+  const int k1 = min(k0 + a.block_n, a.seq_len) - 1;
+  if (k0 <= c.dense_last) return true;                         // prefix / suffix rows: causal dense
+  if (!c.has_doc_rows) return false;
+  if (k0 < a.prefix_len) return true;                          // doc rows see the whole prefix
+  if (k0 >= a.docs_end) return false;                          // suffix keys: only dense rows see them
+  const int T = a.tile;
+  const long long vec = (long long)c.layer * a.n_heads + c.h;  // which (layer, head) vector inside a doc blob
+  int d = doc_at(a, k0);
+  if (d < 0) d = 0;
+  for (; d < a.n_docs; ++d) {
+    const int s = a.doc_start[d];
+    if (s > k1) break;
+    const int e = s + a.doc_len[d];
+    if (e <= k0) continue;
+    if (d > c.d_last) break;                                   // later docs' keys are seen by no row here
+    const int cs = max(k0, s), ce = min(k1, e - 1);            // this doc's keys inside the block
+    if (d < c.d_last) {                                        // CA pages of an earlier doc
+      const unsigned char* v = a.ca + a.ca_base[d] + vec * a.ca_len[d];
+      for (int p = (cs - s) / T; p <= (ce - s) / T; ++p)
+        if (get_bit(v, p)) return true;
+    }
+    if (d >= c.d_first) {                                      // LA tiles inside doc d
+      const int rs = max(c.q0, s), re = min(c.q1, e - 1);      // this doc's rows inside the block
+      if (rs <= re && cs <= re) {
+        const unsigned char* v = a.la + a.la_base[d] + vec * a.la_len[d];
+        const int r_lo = (rs - s) / T, r_hi = (re - s) / T;
+        const int c_lo = (cs - s) / T, c_hi = (ce - s) / T;
+        for (int r = r_lo; r <= r_hi; ++r) {
+          const int max_row = min(re, s + (r + 1) * T - 1);
+          const int top = min(c_hi, r);
+          for (int cc = c_lo; cc <= top; ++cc) {
+            const int min_col = max(cs, s + cc * T);
+            if (max_row >= min_col && get_bit(v, (long long)r * (r + 1) / 2 + cc)) return true;
+          }
+        }
+      }
+    }
+  }
+  return false;
+}
+
+// Kernel parameters are flat (pointers and ints), gathered into DecodeArgs inside the kernel.
+#define DECODE_PARAMS                                                                                      \
+  const unsigned char *la, const unsigned char *ca, const int *doc_start, const int *doc_len,              \
+      const long long *la_base, const int *la_len, const long long *ca_base, const int *ca_len, int n_docs,  \
+      int prefix_len, int docs_end, int seq_len, int tile, int n_heads, int block_m, int block_n, int n_qblocks
+#define DECODE_ARGS                                                                                        \
+  DecodeArgs a;                                                                                            \
+  a.la = la; a.ca = ca; a.doc_start = doc_start; a.doc_len = doc_len; a.la_base = la_base;                 \
+  a.la_len = la_len; a.ca_base = ca_base; a.ca_len = ca_len; a.n_docs = n_docs; a.prefix_len = prefix_len; \
+  a.docs_end = docs_end; a.seq_len = seq_len; a.tile = tile; a.n_heads = n_heads; a.block_m = block_m;     \
+  a.block_n = block_n; a.n_qblocks = n_qblocks;
+
+// Pass 1. grid (M, H, n_layers_in_launch); counts[(z * H + h) * M + m] for layer layer0 + z.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+sift_decode_count(DECODE_PARAMS, int layer0, int* __restrict__ counts) {
+  DECODE_ARGS
+  const int m = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
+  const RowCtx c = make_ctx(a, m, h, layer0 + z);
+  const int kb_max = c.q1 / a.block_n;
+  int n = 0;
+  if (c.dense_last == c.q1) {
+    n = (threadIdx.x == 0) ? kb_max + 1 : 0;                   // fully dense row block
+  } else {
+    for (int kb = kb_max - (int)threadIdx.x; kb >= 0; kb -= DEC_THREADS) n += listed(a, c, kb) ? 1 : 0;
+  }
+  __shared__ int warp_sum[DEC_THREADS / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = n;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int t = 0;
+#pragma unroll
+    for (int w = 0; w < DEC_THREADS / 32; ++w) t += warp_sum[w];
+    counts[((long long)z * a.n_heads + h) * a.n_qblocks + m] = t;
+  }
+}
+
+// Pass 2. grid (M, H); offsets [H, M + 1] of this layer; indices: this layer's CSR index array.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+sift_decode_write(DECODE_PARAMS, int layer, const int* __restrict__ offsets, int* __restrict__ indices) {
+  DECODE_ARGS
+  const int m = blockIdx.x, h = blockIdx.y;
+  const RowCtx c = make_ctx(a, m, h, layer);
+  const int kb_max = c.q1 / a.block_n;
+  int base = offsets[(long long)h * (a.n_qblocks + 1) + m];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (c.dense_last == c.q1) {
+    for (int i = tid; i <= kb_max; i += DEC_THREADS) indices[base + i] = kb_max - i;
+    return;
+  }
+  __shared__ int warp_cnt[DEC_THREADS / 32];
+  for (int chunk = 0; chunk <= kb_max; chunk += DEC_THREADS) {
+    const int kb = kb_max - chunk - tid;                        // lower thread id -> larger block id
+    const bool f = (kb >= 0) && listed(a, c, kb);
+    const unsigned ballot = __ballot_sync(0xffffffffu, f);
+    if (lane == 0) warp_cnt[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < DEC_THREADS / 32; ++w) {
+      const int cnt = warp_cnt[w];
+      before += (w < warp) ? cnt : 0;
+      total += cnt;
+    }
+    if (f) indices[base + before + __popc(ballot & ((1u << lane) - 1u))] = kb;
+    base += total;
+    __syncthreads();                                            // warp_cnt is rewritten by the next chunk
+  }
+}
+
+// Prefix sum: counts [n_layers][H * M] -> offsets [n_layers][H][M + 1] (exclusive sums; offsets[h][M] is the
+// end of head h, i.e. offsets[h + 1][0]). One CTA of SCAN_THREADS per layer; each thread scans a contiguous run.
+#define SCAN_THREADS 1024
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int* __restrict__ offsets) {
+  const int z = blockIdx.x;
+  const int total = n_heads * n_qblocks;
+  const int* cnt = counts + (long long)z * total;
+  int* off = offsets + (long long)z * n_heads * (n_qblocks + 1);
+  const int per = (total + SCAN_THREADS - 1) / SCAN_THREADS;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int lo = min(tid * per, total), hi = min(lo + per, total);
+  int sum = 0;
+  for (int i = lo; i < hi; ++i) sum += cnt[i];
+  int incl = sum;  // inclusive warp scan
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  __shared__ int warp_tot[SCAN_THREADS / 32];
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_tot[lane];
+    int wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, wi, o);
+      if (lane >= o) wi += y;
+    }
+    warp_tot[lane] = wi - w;  // exclusive prefix of warp totals
+  }
+  __syncthreads();
+  int run = warp_tot[warp] + incl - sum;  // exclusive prefix of this thread's run
+  for (int i = lo; i < hi; ++i) {
+    const int h = i / n_qblocks, m = i - h * n_qblocks;
+    off[(long long)h * (n_qblocks + 1) + m] = run;
+    run += cnt[i];
+    if (m == n_qblocks - 1) off[(long long)h * (n_qblocks + 1) + n_qblocks] = run;
+  }
+}

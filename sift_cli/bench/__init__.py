@@ -1,0 +1,1 @@
+"""Benchmarks (kernel micro-benchmarks; the lead wires `sift bench`)."""

@@ -1,0 +1,317 @@
+"""One-call device check for the bundled kernels: compile, correctness sweep, timings of variants.
+
+    PYTHONPATH=. python3 -m sift_cli.bench.kernel_check --out $OUT [--bench quick|full|none]
+
+Writes check.json (every case with its errors), bench.json / bench.md (timings) and a log under --out, and
+prints a short summary last. The helpers here (attention_case, decode_case, random prompts) are also what
+tests/test_kernels_gpu.py runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+from ..attention.base import BlockLayout
+from ..decode import decode_layer, dense_layout
+
+_LOG = []
+
+
+def log(*a):
+    msg = " ".join(str(x) for x in a)
+    _LOG.append(msg)
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Cases
+# ----------------------------------------------------------------------------------------------------------
+
+def make_layout(kind: str, H: int, L: int, block_n: int, seed: int, device="cuda") -> BlockLayout:
+    from .kernels import random_block_layout
+
+    if kind == "dense":
+        return dense_layout(L, H, 128, block_n, device=device)
+    if kind == "sparse":
+        return random_block_layout(H, L, block_n, 0.3, seed=seed, device=device)
+    if kind == "sparse10":
+        return random_block_layout(H, L, block_n, 0.1, seed=seed, device=device)
+    raise ValueError(kind)
+
+
+def attention_case(H: int, H_kv: int, L: int, D: int, layout: BlockLayout, seed: int = 0, std: float = 1.0,
+                   **variant) -> dict:
+    """Run the kernel on fresh random inputs with poisoned outputs; compare with the fp32 reference."""
+    from ..attention.reference import block_sparse_attention
+    from ..kernels import sparse_attention_forward
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(H, L, D, generator=g, device="cuda") * std).to(torch.bfloat16)
+    k = (torch.randn(H_kv, L, D, generator=g, device="cuda") * std).to(torch.bfloat16)
+    v = torch.randn(H_kv, L, D, generator=g, device="cuda").to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(D)
+    out = torch.full((H, L, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((H, L), float("nan"), dtype=torch.float32, device="cuda")
+    sparse_attention_forward(q, k, v, layout, scale, return_lse=True, out=out, lse=lse, **variant)
+    torch.cuda.synchronize()
+    ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), layout, scale, return_lse=True)
+    o = out.float()
+    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_n=layout.block_n, density=round(layout.density(), 4),
+               nan_out=int(torch.isnan(o).sum()), nan_lse=int(torch.isnan(lse).sum()))
+    diff = (o - ref).nan_to_num(nan=1e30)
+    res["rel_err"] = float(diff.norm() / ref.norm().clamp_min(1e-30))
+    res["max_abs_err"] = float(diff.abs().max())
+    res["lse_max_abs_err"] = float((lse - ref_lse).nan_to_num(nan=1e30).abs().max())
+    res["ok"] = res["nan_out"] == 0 and res["nan_lse"] == 0 and res["rel_err"] < 1e-2 and res["lse_max_abs_err"] < 1e-2
+    if not res["ok"]:  # where is it wrong? per 64-row slab and per head
+        rows = (o - ref).abs().nan_to_num(nan=1e30).amax(dim=(0, 2))
+        bad = torch.nonzero(rows > 0.05).flatten()
+        res["bad_rows_first"] = bad[:8].tolist()
+        res["bad_rows_count"] = int(bad.numel())
+        res["bad_heads"] = torch.nonzero((o - ref).abs().nan_to_num(nan=1e30).amax(dim=(1, 2)) > 0.05).flatten().tolist()[:8]
+    return res
+
+
+def random_prompt_bits(rng, tile: int, n_layers: int = 2, n_heads: int = 3, doc_lengths=None, prefix_len=None,
+                       suffix_len=None, la_p=0.3, ca_p=0.3):
+    from ..bits import n_pages, pack_doc
+    from ..layout import PromptBits, PromptLayout
+
+    if doc_lengths is None:
+        doc_lengths = [int(x) for x in rng.integers(1, 6 * tile, size=int(rng.integers(1, 6)))]
+    prefix_len = int(rng.integers(0, 140)) if prefix_len is None else prefix_len
+    suffix_len = int(rng.integers(0, 200)) if suffix_len is None else suffix_len
+    layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
+    la_blobs, ca_blobs = [], []
+    for n in doc_lengths:
+        p = n_pages(n, tile)
+        la = np.tril(rng.random((n_layers, n_heads, p, p)) < la_p)
+        la[:, :, np.arange(p), np.arange(p)] = True
+        ca = rng.random((n_layers, n_heads, p)) < ca_p
+        a, c = pack_doc(la, ca)
+        la_blobs.append(a)
+        ca_blobs.append(c)
+    return PromptBits.pack(layout, la_blobs, ca_blobs, tile, n_layers, n_heads)
+
+
+def decode_case(bits, block_n: int, block_m: int = 128) -> dict:
+    from ..kernels import CudaDecoder
+
+    gpu = bits.to("cuda")
+    dec = CudaDecoder(gpu, block_m, block_n)
+    res = dict(tile=bits.tile, block_n=block_n, L=bits.layout.seq_len, docs=len(bits.layout.docs), ok=True,
+               layers=bits.n_layers)
+    for layer in range(bits.n_layers):
+        want = decode_layer(bits, layer, block_m, block_n)
+        got = dec.layer(layer)
+        torch.cuda.synchronize()
+        same = torch.equal(got.offsets.cpu(), want.offsets) and torch.equal(got.indices.cpu(), want.indices)
+        if not same:
+            res["ok"] = False
+            res["first_bad_layer"] = layer
+            go, wo = got.offsets.cpu(), want.offsets
+            res["offsets_equal"] = bool(torch.equal(go, wo))
+            if not res["offsets_equal"]:
+                bad = torch.nonzero(go != wo)
+                res["first_bad_offset"] = bad[0].tolist()
+            break
+    single = decode_layer_cuda_check(gpu, bits, block_m, block_n)
+    res["single_layer_entry_ok"] = single
+    res["ok"] = res["ok"] and single
+    return res
+
+
+def decode_layer_cuda_check(gpu, bits, block_m, block_n) -> bool:
+    from ..kernels import decode_layer_cuda
+
+    layer = bits.n_layers - 1
+    got = decode_layer_cuda(gpu, layer, block_m, block_n)
+    want = decode_layer(bits, layer, block_m, block_n)
+    return torch.equal(got.offsets.cpu(), want.offsets) and torch.equal(got.indices.cpu(), want.indices)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sweeps
+# ----------------------------------------------------------------------------------------------------------
+
+LENGTHS = (1, 127, 128, 129, 1000, 8192 + 17)
+GQA = ((1, 2), (3, 1), (4, 2))  # (ratio, H_kv)
+
+
+def attention_sweep(quick: bool = False) -> list[dict]:
+    results = []
+    i = 0
+    for D in (64, 128):
+        for bn in (64, 128):
+            for L in LENGTHS:
+                for kind in ("dense", "sparse"):
+                    ratio, hkv = GQA[i % len(GQA)]
+                    i += 1
+                    if L > 4096:
+                        ratio, hkv = (4, 1) if kind == "dense" else (3, 1)
+                    H = ratio * hkv
+                    lay = make_layout(kind, H, L, bn, seed=i)
+                    r = attention_case(H, hkv, L, D, lay, seed=1000 + i)
+                    r["mask"] = kind
+                    results.append(r)
+                    log(_fmt(r))
+    # larger logits (std 3 inputs) and masks from a real-ish decoded layout
+    rng = np.random.default_rng(0)
+    for D in (64, 128):
+        for bn in (64, 128):
+            r = attention_case(4, 2, 777, D, make_layout("sparse10", 4, 777, bn, seed=7), seed=5, std=3.0)
+            r["mask"] = "sparse10 std3"
+            results.append(r)
+            log(_fmt(r))
+            bits = random_prompt_bits(rng, 64, n_layers=1, n_heads=6, doc_lengths=[700, 1300, 90, 2000],
+                                      prefix_len=45, suffix_len=130, la_p=0.25, ca_p=0.1)
+            lay = decode_layer(bits, 0, 128, bn).to("cuda")
+            r = attention_case(6, 2, bits.layout.seq_len, D, lay, seed=11)
+            r["mask"] = "decoded"
+            results.append(r)
+            log(_fmt(r))
+    return results
+
+
+def _fmt(r):
+    keys = ("mask", "D", "block_n", "H", "H_kv", "L", "density", "rel_err", "lse_max_abs_err", "nan_out", "ok")
+    return " ".join(f"{k}={r.get(k)}" if not isinstance(r.get(k), float) else f"{k}={r[k]:.3g}" for k in keys)
+
+
+def decode_sweep() -> list[dict]:
+    results = []
+    rng = np.random.default_rng(1)
+    for tile in (16, 32, 64, 128, 256):
+        for bn in (64, 128):
+            for trial in range(3):
+                bits = random_prompt_bits(rng, tile)
+                r = decode_case(bits, bn)
+                results.append(r)
+            log(f"decode tile={tile} bn={bn}: {[r['ok'] for r in results[-3:]]}")
+    # short, misaligned docs; one long prompt
+    bits = random_prompt_bits(rng, 16, doc_lengths=[1, 5, 17, 3, 130, 2], prefix_len=13, suffix_len=1, la_p=0.2,
+                              ca_p=0.5)
+    for bn in (64, 128):
+        results.append(decode_case(bits, bn))
+    bits = random_prompt_bits(rng, 64, n_layers=2, n_heads=4, doc_lengths=[2048] * 7 + [333], prefix_len=50,
+                              suffix_len=100, la_p=0.27, ca_p=0.06)
+    for bn in (64, 128):
+        results.append(decode_case(bits, bn))
+    log(f"decode special cases: {[r['ok'] for r in results[-4:]]}")
+    return results
+
+
+def variant_timings(log=log) -> list[dict]:
+    """Time kernel variants (pipeline knobs) at one shape per config: what each stage costs."""
+    from .kernels import layout_flops, random_block_layout, sift_fn, time_ms
+
+    rows = []
+    L = 16384
+    for H, hkv, D in ((32, 8, 128), (9, 3, 64)):
+        q = torch.randn(H, L, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
+        for bn in (128, 64):
+            lay = random_block_layout(H, L, bn, 1.0)
+            flops = layout_flops(lay, D)
+            variants = {"default": {}, "no pingpong": dict(pingpong=False)}
+            if D == 128 and bn == 64:
+                variants["stages 2"] = dict(stages=2)
+            if D == 64:
+                variants["stages 2"] = dict(stages=2)
+            for name, var in variants.items():
+                try:
+                    ms = time_ms(sift_fn(q, k, v, lay, 1 / math.sqrt(D), **var))
+                    rows.append(dict(H=H, D=D, block_n=bn, variant=name, ms=ms, tflops=flops / ms / 1e9))
+                    log(f"variant H={H} D={D} bn={bn} {name}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s")
+                except Exception as exc:
+                    rows.append(dict(H=H, D=D, block_n=bn, variant=name, error=str(exc)[:200]))
+                    log(f"variant {name} failed: {exc}")
+        del q, k, v
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--bench", choices=("none", "quick", "full"), default="quick")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--flex-budget", type=float, default=None, help="stop timing Flex after this many seconds")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    summary = {}
+    try:
+        import cupy
+
+        log("gpu", torch.cuda.get_device_name(), "torch", torch.__version__, "cupy", cupy.__version__)
+    except Exception as exc:
+        log("env problem:", exc)
+    report = {}
+    try:
+        if not args.skip_check:
+            t = time.time()
+            att = attention_sweep()
+            report["attention"] = att
+            summary["attention_ok"] = f"{sum(r['ok'] for r in att)}/{len(att)}"
+            summary["attention_max_rel_err"] = max(r["rel_err"] for r in att)
+            log(f"attention sweep {time.time() - t:.0f}s: {summary['attention_ok']} ok")
+            if not all(r["ok"] for r in att):
+                # diagnostic: the V descriptor with leading/stride byte offsets swapped
+                try:
+                    lay = make_layout("dense", 2, 300, 64, 0)
+                    r = attention_case(2, 1, 300, 128, lay, extra={"V_LBO": 1024, "V_SBO": 64 * 128})
+                    log("diag V desc swapped (D=128, bn=64):", _fmt(r))
+                    report["diag_v_swap"] = r
+                except Exception as exc:
+                    log("diag failed", exc)
+            t = time.time()
+            dec = decode_sweep()
+            report["decode"] = dec
+            summary["decode_ok"] = f"{sum(r['ok'] for r in dec)}/{len(dec)}"
+            log(f"decode sweep {time.time() - t:.0f}s: {summary['decode_ok']} ok")
+    except Exception:
+        log("CHECK CRASHED:\n" + traceback.format_exc())
+        summary["check_crashed"] = True
+    with open(os.path.join(args.out, "check.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    if args.variants:
+        try:
+            report["variants"] = variant_timings()
+        except Exception:
+            log("VARIANTS CRASHED:\n" + traceback.format_exc())
+    if args.bench != "none":
+        try:
+            from .kernels import markdown, run_kernel_bench
+
+            rows = run_kernel_bench(quick=args.bench == "quick", time_budget_s=args.flex_budget, log=log)
+            with open(os.path.join(args.out, "bench.json"), "w") as f:
+                json.dump(rows, f, indent=1)
+            md = markdown(rows)
+            with open(os.path.join(args.out, "bench.md"), "w") as f:
+                f.write(md + "\n")
+            log(md)
+        except Exception:
+            log("BENCH CRASHED:\n" + traceback.format_exc())
+            summary["bench_crashed"] = True
+    with open(os.path.join(args.out, "check.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    summary["seconds"] = round(time.time() - t0)
+    with open(os.path.join(args.out, "log.txt"), "w") as f:
+        f.write("\n".join(_LOG) + "\n")
+    print("SUMMARY", json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

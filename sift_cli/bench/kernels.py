@@ -1,0 +1,367 @@
+"""Issue-4 kernel benchmark: cuDNN SDPA (dense causal), FlexAttention (same block mask) and the SIFT CUDA kernel,
+side by side in one process on the same inputs and masks; plus the bit-vector decode kernel's time per layer.
+
+Throughput is counted over computed (query, key) pairs exactly: FLOPs = 4 · D · Σ causal pairs inside the listed
+blocks (2 GEMMs × 2 FLOPs per multiply-add). For the dense causal case this is 2·L²·D·H up to the diagonal's
+half, the convention of H200.md. Times are medians of CUDA-event-timed launches after warm-up, on random bf16
+inputs. `run_kernel_bench(quick)` returns rows (dicts); `render(rows)` builds a rich table.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from ..attention.base import BlockLayout
+from ..decode import causal_cells_per_block, dense_layout, layout_from_mask
+
+SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-135M
+LENGTHS = (16384, 32768, 65536)
+DENSITIES = (1.0, 0.3, 0.1)
+BLOCK_NS = (128, 64)
+BLOCK_M = 128
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Layouts and FLOPs
+# ----------------------------------------------------------------------------------------------------------
+
+def random_block_layout(H: int, L: int, block_n: int, density: float, seed: int = 0, device="cuda",
+                        block_m: int = BLOCK_M) -> BlockLayout:
+    """Random block-sparse causal layout: every block touching the diagonal kept, each other causal block kept
+    with probability `density` (density 1.0: all causal blocks)."""
+    if density >= 1.0:
+        return dense_layout(L, H, block_m, block_n, device=device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    M, N = -(-L // block_m), -(-L // block_n)
+    q_first = torch.arange(M, device=device) * block_m
+    q_last = torch.clamp(q_first + block_m, max=L) - 1
+    k_first = torch.arange(N, device=device) * block_n
+    k_last = k_first + block_n - 1
+    causal = k_first[None, :] <= q_last[:, None]
+    diag = causal & (k_last[None, :] >= q_first[:, None])
+    keep = torch.rand(H, M, N, generator=g, device=device) < density
+    mask = (keep & causal[None]) | diag[None]
+    return layout_from_mask(mask.contiguous(), block_m, block_n, L)
+
+
+def layout_flops(layout: BlockLayout, head_dim: int) -> int:
+    cells = causal_cells_per_block(layout.seq_len, layout.block_m, layout.block_n, layout.offsets.device)
+    m = layout.dense_mask()
+    return int((m.to(torch.int64) * cells[None]).sum()) * 4 * head_dim
+
+
+def block_density(layout: BlockLayout) -> float:
+    return layout.density()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------------------------------
+
+def time_ms(fn, warmup: int = 3, reps: int = 10, budget_ms: float = 4000.0) -> float:
+    """Median time of fn() in ms from CUDA events; warm-up first; fewer reps when one call is long."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    one = start.elapsed_time(end)
+    reps = max(3, min(reps, int(budget_ms / max(one, 1e-3))))
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        times.append((s, e))
+    torch.cuda.synchronize()
+    return float(np.median([s.elapsed_time(e) for s, e in times]))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The three attention implementations
+# ----------------------------------------------------------------------------------------------------------
+
+def cudnn_dense_fn(q, k, v, scale):
+    """SDPA pinned to cuDNN, dense causal; inputs [H, L, D] → adds the batch dim."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    q4, k4, v4 = q[None], k[None], v[None]
+    group = q.shape[0] // k.shape[0]
+
+    def run_gqa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=True)
+
+    try:
+        run_gqa()
+        torch.cuda.synchronize()
+        return run_gqa, "gqa"
+    except Exception:
+        ke, ve = k4.repeat_interleave(group, 1), v4.repeat_interleave(group, 1)
+
+        def run_expanded():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q4, ke, ve, is_causal=True, scale=scale)
+
+        run_expanded()
+        torch.cuda.synchronize()
+        return run_expanded, "kv expanded"
+
+
+_FLEX = {}
+
+
+def flex_block_mask(layout: BlockLayout):
+    """BlockMask with the same blocks: blocks crossing the diagonal go through the causal mask_mod, the others
+    are 'full' blocks (no mask_mod), as our kernel does."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    L, bm, bn = layout.seq_len, layout.block_m, layout.block_n
+    mask = layout.dense_mask()  # [H, M, N]
+    H, M, N = mask.shape
+    dev = mask.device
+    q_first = torch.arange(M, device=dev) * bm
+    k_last = torch.arange(N, device=dev) * bn + bn - 1
+    partial_cols = (k_last[None, :] > q_first[:, None])[None]  # block holds a non-causal pair
+    partial = mask & partial_cols
+    full = mask & ~partial_cols
+
+    def csr(b):
+        num = b.sum(-1).to(torch.int32)
+        idx = torch.argsort((~b).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return num[None].contiguous(), idx[None].contiguous()
+
+    kv_num, kv_idx = csr(partial)
+    full_num, full_idx = csr(full)
+
+    # mask_mod must state the same semantics (eager flex applies only mask_mod; the compiled kernel also skips
+    # the blocks the BlockMask leaves out). It only runs on the partial (diagonal) blocks.
+    listed = mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & listed[h, q_idx // bm, kv_idx // bn]
+
+    try:
+        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(bm, bn), mask_mod=causal,
+                                        seq_lengths=(L, L))
+    except TypeError:
+        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(bm, bn), mask_mod=causal)
+
+
+def flex_fn(q, k, v, layout: BlockLayout, scale):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    fn = _FLEX["fn"]
+    bmask = flex_block_mask(layout)
+    q4, k4, v4 = q[None], k[None], v[None]
+
+    def run():
+        return fn(q4, k4, v4, block_mask=bmask, scale=scale, enable_gqa=True)
+
+    return run
+
+
+def sift_fn(q, k, v, layout: BlockLayout, scale, **variant):
+    from ..kernels import sparse_attention_forward
+
+    out = torch.empty_like(q)
+
+    def run():
+        return sparse_attention_forward(q, k, v, layout, scale, out=out, **variant)
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Decode benchmark
+# ----------------------------------------------------------------------------------------------------------
+
+def synthetic_prompt_bits(seq_len: int, n_layers: int = 30, n_heads: int = 9, tile: int = 64, doc_len: int = 2048,
+                          prefix_len: int = 48, suffix_len: int = 96, la_p: float = 0.27, ca_p: float = 0.06,
+                          seed: int = 0):
+    """PromptBits for prefix + docs of doc_len tokens + suffix ≈ seq_len tokens, random bits at paper-like
+    densities (LA 27% of tiles, diagonal always set; CA 6% of pages)."""
+    from ..bits import n_pages, pack_doc
+    from ..layout import PromptBits, PromptLayout
+
+    rng = np.random.default_rng(seed)
+    n_docs = max(1, (seq_len - prefix_len - suffix_len) // doc_len)
+    lengths = [doc_len] * n_docs
+    lengths[-1] += max(0, seq_len - prefix_len - suffix_len - doc_len * n_docs)
+    lay = PromptLayout.build(prefix_len, [f"d{i}" for i in range(n_docs)], lengths, suffix_len)
+    la_blobs, ca_blobs = [], []
+    for n in lengths:
+        p = n_pages(n, tile)
+        la = np.tril(rng.random((n_layers, n_heads, p, p)) < la_p)
+        la[:, :, np.arange(p), np.arange(p)] = True
+        ca = rng.random((n_layers, n_heads, p)) < ca_p
+        a, c = pack_doc(la, ca)
+        la_blobs.append(a)
+        ca_blobs.append(c)
+    return PromptBits.pack(lay, la_blobs, ca_blobs, tile, n_layers, n_heads)
+
+
+def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) -> list[dict]:
+    from ..kernels import CudaDecoder
+
+    rows = []
+    for L in lengths:
+        bits = synthetic_prompt_bits(L).to("cuda")
+        dec = CudaDecoder(bits, BLOCK_M, block_n)  # pass 1 for all 30 layers (and compile)
+        layer = dec.layers.stop // 2
+        offsets = dec.offsets[layer]
+        indices = torch.empty(int(dec.nnz[layer]), dtype=torch.int32, device="cuda")
+
+        def per_layer():  # pass 1 + prefix sum + pass 2 for one layer, no host sync
+            off = dec.count(layer, 1)[0]
+            dec.write(layer, off, indices)
+
+        def all_counts():
+            dec.count(0, bits.n_layers)
+
+        def write_only():
+            dec.write(layer, offsets, indices)
+
+        ms_layer = time_ms(per_layer, warmup=5, reps=50)
+        ms_counts_all = time_ms(all_counts, warmup=3, reps=20)
+        ms_write = time_ms(write_only, warmup=5, reps=50)
+        rows.append(dict(kind="decode", L=L, layers=bits.n_layers, heads=bits.n_heads, tile=bits.tile,
+                         block_n=block_n, density=dec.offsets[layer, -1, -1].item() / max(1, dense_blocks(L, bits.n_heads, block_n)),
+                         ms_per_layer=ms_layer, ms_amortised=ms_counts_all / bits.n_layers + ms_write,
+                         ms_count_all_layers=ms_counts_all, ms_write=ms_write,
+                         target_ms={15360: 0.04, 32768: 0.075, 65536: 0.14}.get(L)))
+        log(f"decode L={L}: {ms_layer:.4f} ms/layer (pass1+scan+pass2), amortised {rows[-1]['ms_amortised']:.4f}")
+    return rows
+
+
+def dense_blocks(L, H, block_n):
+    from ..attention.base import causal_block_count
+
+    return H * causal_block_count(L, BLOCK_M, block_n)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Driver
+# ----------------------------------------------------------------------------------------------------------
+
+def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities=None, block_ns=BLOCK_NS,
+                     flex: bool = True, decode: bool = True, time_budget_s: float | None = None,
+                     log=print) -> list[dict]:
+    """All rows of the issue-4 table. quick: L = 16K only and densities 100% / 10%."""
+    if not torch.cuda.is_available():
+        from ..errors import SiftError
+
+        raise SiftError("the kernel benchmark needs a CUDA GPU")
+    lengths = lengths or ((16384,) if quick else LENGTHS)
+    densities = densities or ((1.0, 0.1) if quick else DENSITIES)
+    t0 = time.time()
+    rows: list[dict] = []
+    torch.manual_seed(0)
+    for H, H_kv, D in shapes:
+        for L in lengths:
+            q = torch.randn(H, L, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(H_kv, L, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(H_kv, L, D, device="cuda", dtype=torch.bfloat16)
+            scale = 1.0 / math.sqrt(D)
+            dense_flops = 4 * D * H * L * (L + 1) // 2
+            run, how = cudnn_dense_fn(q, k, v, scale)
+            ms = time_ms(run)
+            cudnn_tflops = dense_flops / ms / 1e9
+            rows.append(dict(kind="attention", impl="cuDNN SDPA", H=H, H_kv=H_kv, D=D, L=L, block_n=None,
+                             density=1.0, ms=ms, tflops=cudnn_tflops, note=how))
+            log(f"H={H} D={D} L={L} cuDNN dense: {ms:.3f} ms {cudnn_tflops:.0f} TFLOP/s ({how})")
+            for bn in block_ns:
+                for dens in densities:
+                    layout = random_block_layout(H, L, bn, dens, seed=L + bn)
+                    flops = layout_flops(layout, D)
+                    row_base = dict(kind="attention", H=H, H_kv=H_kv, D=D, L=L, block_n=bn,
+                                    density=layout.density())
+                    ms_sift = time_ms(sift_fn(q, k, v, layout, scale))
+                    tf = flops / ms_sift / 1e9
+                    rows.append(dict(row_base, impl="SIFT cuda", ms=ms_sift, tflops=tf,
+                                     pct_of_cudnn=100.0 * tf / cudnn_tflops))
+                    msg = f"  bn={bn} density={layout.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
+                    over = time_budget_s is not None and time.time() - t0 > time_budget_s
+                    if flex and not over:
+                        try:
+                            frun = flex_fn(q, k, v, layout, scale)
+                            ms_flex = time_ms(frun)
+                            tf_flex = flops / ms_flex / 1e9
+                            a, b = frun()[0].float(), sift_fn(q, k, v, layout, scale)().float()
+                            agree = float((a - b).norm() / b.norm())
+                            rows.append(dict(row_base, impl="FlexAttention", ms=ms_flex, tflops=tf_flex,
+                                             note=f"rel diff vs sift {agree:.1e}"))
+                            rows[-2]["speedup_vs_flex"] = ms_flex / ms_sift
+                            msg += f" | flex {ms_flex:.3f} ms {tf_flex:.0f} TFLOP/s"
+                        except Exception as exc:  # record, keep going
+                            rows.append(dict(row_base, impl="FlexAttention", ms=None, tflops=None,
+                                             note=f"failed: {type(exc).__name__}: {str(exc)[:160]}"))
+                            msg += f" | flex failed: {type(exc).__name__}"
+                    elif flex:
+                        rows.append(dict(row_base, impl="FlexAttention", ms=None, tflops=None,
+                                         note="skipped: time budget"))
+                    log(msg)
+                    del layout
+            del q, k, v
+            torch.cuda.empty_cache()
+    if decode:
+        rows += bench_decode(lengths=(15360,) if quick else (15360, 32768, 65536), log=log)
+    return rows
+
+
+def render(rows: list[dict]):
+    """A rich Table of the rows (attention first, then decode)."""
+    from rich.table import Table
+
+    t = Table(title="Attention forward, bf16, batch 1 (TFLOP/s over computed causal pairs)")
+    for col in ("H/H_kv/D", "L", "KV block", "density", "impl", "ms", "TFLOP/s", "% cuDNN", "× vs Flex", "note"):
+        t.add_column(col, justify="right" if col not in ("impl", "note") else "left")
+    for r in rows:
+        if r.get("kind") != "attention":
+            continue
+        t.add_row(f"{r['H']}/{r['H_kv']}/{r['D']}", f"{r['L'] // 1024}K", str(r["block_n"] or "-"),
+                  f"{100 * r['density']:.0f}%", r["impl"], _f(r.get("ms"), 3), _f(r.get("tflops"), 0),
+                  _f(r.get("pct_of_cudnn"), 0), _f(r.get("speedup_vs_flex"), 2), r.get("note", ""))
+    d = Table(title="Bit-vector decode (SmolLM2 shape: 30 layers, 9 heads, T=64, docs of 2K tokens)")
+    for col in ("L", "KV block", "ms / layer", "amortised ms / layer", "target ms"):
+        d.add_column(col, justify="right")
+    for r in rows:
+        if r.get("kind") == "decode":
+            d.add_row(f"{r['L']}", str(r["block_n"]), _f(r["ms_per_layer"], 4), _f(r["ms_amortised"], 4),
+                      _f(r.get("target_ms"), 3))
+    from rich.console import Group
+
+    return Group(t, d)
+
+
+def markdown(rows: list[dict]) -> str:
+    """The same table as Markdown (for docs/benchmarks.md)."""
+    lines = ["| H/H_kv/D | L | KV block | density | impl | ms | TFLOP/s | % cuDNN | × vs Flex | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("kind") == "attention":
+            lines.append(f"| {r['H']}/{r['H_kv']}/{r['D']} | {r['L'] // 1024}K | {r['block_n'] or '-'} | "
+                         f"{100 * r['density']:.0f}% | {r['impl']} | {_f(r.get('ms'), 3)} | {_f(r.get('tflops'), 0)} | "
+                         f"{_f(r.get('pct_of_cudnn'), 0)} | {_f(r.get('speedup_vs_flex'), 2)} | {r.get('note', '')} |")
+    lines += ["", "| L | KV block | ms / layer (pass 1 + scan + pass 2) | amortised ms / layer | target ms |",
+              "|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("kind") == "decode":
+            lines.append(f"| {r['L']} | {r['block_n']} | {_f(r['ms_per_layer'], 4)} | {_f(r['ms_amortised'], 4)} | "
+                         f"{_f(r.get('target_ms'), 3)} |")
+    return "\n".join(lines)
+
+
+def _f(x, nd):
+    return "-" if x is None else f"{x:.{nd}f}"
