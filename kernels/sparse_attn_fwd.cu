@@ -1,7 +1,7 @@
 // SIFT block-sparse attention forward for Hopper (sm_90a): TMA + mbarrier ring + warp-specialised WGMMA.
 //
-// One CTA computes one (query head h, query block m) of BLOCK_M = 128 rows. Warpgroup 0 is the producer (one
-// thread issues TMA loads, the warpgroup gives its registers away with setmaxnreg); warpgroups 1 and 2 are
+// A CTA computes (query head h, query block m) tiles of BLOCK_M = 128 rows, one after another (persistent).
+// Warpgroup 0 is the producer (one thread issues TMA loads, the warpgroup gives its registers away with setmaxnreg); warpgroups 1 and 2 are
 // consumers, each owning 64 query rows. The KV-block loop of both roles walks the CSR row
 //     indices[offsets[h * (M + 1) + m] .. offsets[h * (M + 1) + m + 1])       (descending block ids)
 // so producer and consumers agree on the order. Per KV block a consumer warpgroup issues
@@ -14,7 +14,7 @@
 //
 // Written without any #include so NVRTC needs no CUDA headers: bf16 is raw 16-bit, conversions are PTX.
 // Compile-time parameters (macros): HEAD_DIM in {64, 128}, BLOCK_N in {64, 128}, STAGES >= 1.
-// Grid (H, M), 384 threads; dynamic shared memory as computed by sift_cli.kernels.attention_smem_bytes.
+// Grid: #tiles or #SMs (persistent), 384 threads; dynamic shared memory: sift_cli.kernels.attention_smem_bytes.
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -316,7 +316,7 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
                                               float& l_b, float& corr_a, float& corr_b, float sl2, int row_a,
                                               u32 q_base, u32 sK, u32 sV, u32 sBar, int& stage, u32& phase,
                                               int& kb_next, const int* __restrict__ indices, int start, int j, int n,
-                                              int cw) {
+                                              int cw, u32 bar_q_empty) {
   const int kb = kb_next;
   if (j + 1 < n) kb_next = __shfl_sync(0xffffffffu, indices[start + j + 1], 0);
   int nstage = stage + 1;
@@ -342,6 +342,7 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
   wgmma_wait<1>();
   fence_regs<BLOCK_N / 2>(s);
   mbar_arrive(EMPTY_K(nstage));
+  if (j + 1 == n) mbar_arrive(bar_q_empty);  // the tile's last Q K^T is done: the producer may load the next Q
   softmax_block<MASK>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
   u32 p_next[BLOCK_N / 4];
   convert_p(s, p_next);
@@ -361,8 +362,8 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
                      const __grid_constant__ TmaDesc tmap_v, bf16_t* __restrict__ out, float* __restrict__ lse,
-                     const int* __restrict__ offsets, const int* __restrict__ indices, int seq_len, int group,
-                     int n_qblocks, float scale_log2, int write_lse) {
+                     const int* __restrict__ offsets, const int* __restrict__ indices, int seq_len, int n_heads,
+                     int group, int n_qblocks, float scale_log2, int write_lse) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 128B swizzle atoms need 1024-byte alignment
   const u32 sQ = base;
@@ -370,15 +371,14 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
   const u32 sV = sK + STAGES * KV_BYTES;
   const u32 sBar = sV + STAGES * KV_BYTES;
   const u32 bar_q = sBar;
+  const u32 bar_q_empty = sBar + 8u * (1 + 4 * STAGES);
 
-  const int h = blockIdx.x;
-  const int m = n_qblocks - 1 - (int)blockIdx.y;  // longest rows (causal) first
-  const int hk = h / group;
-  const int row_ptr = h * (n_qblocks + 1) + m;
-  // Broadcast from lane 0: ptxas then knows these are warp-uniform, so branches on them are not divergent.
-  const int start = __shfl_sync(0xffffffffu, offsets[row_ptr], 0);
-  const int n = __shfl_sync(0xffffffffu, offsets[row_ptr + 1], 0) - start;
+  // Tiles are (head, query block) pairs, longest causal rows first (m descending, heads fastest). A CTA walks
+  // tiles blockIdx.x, blockIdx.x + gridDim.x, ...: grid = #tiles is one tile per CTA, grid = #SMs is persistent
+  // (the producer then loads the next tile's Q and K/V while the consumers finish the current one).
+  const int n_tiles = n_heads * n_qblocks;
   const int tid = threadIdx.x;
+  // Broadcast from lane 0: ptxas then knows values are warp-uniform, so branches on them are not divergent.
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
 
   if (tid == 0) {
@@ -386,6 +386,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
     prefetch_tma_desc(&tmap_k);
     prefetch_tma_desc(&tmap_v);
     mbar_init(bar_q, 1);
+    mbar_init(bar_q_empty, 256);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(FULL_K(s), 1);
@@ -400,29 +401,40 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
   if (wg == 0) {
     // ---------------- producer warpgroup ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0 && n > 0) {
-      mbar_expect_tx(bar_q, Q_BYTES);
-#pragma unroll
-      for (int c = 0; c < HEAD_DIM / 64; ++c) tma_load_3d(sQ + c * CHUNK_Q, &tmap_q, bar_q, c * 64, m * BLOCK_M, h);
+    if (tid == 0) {
       int stage = 0;
-      u32 phase = 0;
-      int kb_next = indices[start];
-      for (int i = 0; i < n; ++i) {
-        const int kb = kb_next;
-        if (i + 1 < n) kb_next = indices[start + i + 1];
-        mbar_wait(EMPTY_K(stage), phase ^ 1);
-        mbar_expect_tx(FULL_K(stage), KV_BYTES);
+      u32 phase = 0, q_phase = 0;
+      for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const int h = tile % n_heads;
+        const int m = n_qblocks - 1 - tile / n_heads;
+        const int hk = h / group;
+        const int row_ptr = h * (n_qblocks + 1) + m;
+        const int start = offsets[row_ptr];
+        const int n = offsets[row_ptr + 1] - start;
+        if (n <= 0) continue;
+        mbar_wait(bar_q_empty, q_phase ^ 1);  // the previous tile's consumers are done with Q
+        mbar_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
-        for (int c = 0; c < HEAD_DIM / 64; ++c)
-          tma_load_3d(sK + stage * KV_BYTES + c * CHUNK_KV, &tmap_k, FULL_K(stage), c * 64, kb * BLOCK_N, hk);
-        mbar_wait(EMPTY_V(stage), phase ^ 1);
-        mbar_expect_tx(FULL_V(stage), KV_BYTES);
+        for (int c = 0; c < HEAD_DIM / 64; ++c) tma_load_3d(sQ + c * CHUNK_Q, &tmap_q, bar_q, c * 64, m * BLOCK_M, h);
+        q_phase ^= 1;
+        int kb_next = indices[start];
+        for (int i = 0; i < n; ++i) {
+          const int kb = kb_next;
+          if (i + 1 < n) kb_next = indices[start + i + 1];
+          mbar_wait(EMPTY_K(stage), phase ^ 1);
+          mbar_expect_tx(FULL_K(stage), KV_BYTES);
 #pragma unroll
-        for (int c = 0; c < HEAD_DIM / 64; ++c)
-          tma_load_3d(sV + stage * KV_BYTES + c * CHUNK_KV, &tmap_v, FULL_V(stage), c * 64, kb * BLOCK_N, hk);
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1;
+          for (int c = 0; c < HEAD_DIM / 64; ++c)
+            tma_load_3d(sK + stage * KV_BYTES + c * CHUNK_KV, &tmap_k, FULL_K(stage), c * 64, kb * BLOCK_N, hk);
+          mbar_wait(EMPTY_V(stage), phase ^ 1);
+          mbar_expect_tx(FULL_V(stage), KV_BYTES);
+#pragma unroll
+          for (int c = 0; c < HEAD_DIM / 64; ++c)
+            tma_load_3d(sV + stage * KV_BYTES + c * CHUNK_KV, &tmap_v, FULL_V(stage), c * 64, kb * BLOCK_N, hk);
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+          }
         }
       }
     }
@@ -433,91 +445,107 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
     const int t = tid & 127;
     const int warp = t >> 5, lane = t & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int wg_row0 = m * BLOCK_M + cw * 64;
-    const int row_a = wg_row0 + warp * 16 + g;  // this thread's rows: row_a and row_a + 8
     const float sl2 = scale_log2;
+    const u32 q_base = sQ + cw * 64 * 128;
+    int stage = 0;  // ring slot of the next KV block to consume
+    u32 phase = 0, q_phase = 0;
 
-    float o[HEAD_DIM / 2];
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+      const int h = tile % n_heads;
+      const int m = n_qblocks - 1 - tile / n_heads;
+      const int row_ptr = h * (n_qblocks + 1) + m;
+      const int start = __shfl_sync(0xffffffffu, offsets[row_ptr], 0);
+      const int n = __shfl_sync(0xffffffffu, offsets[row_ptr + 1], 0) - start;
+      const int wg_row0 = m * BLOCK_M + cw * 64;
+      const int row_a = wg_row0 + warp * 16 + g;  // this thread's rows: row_a and row_a + 8
+
+      float o[HEAD_DIM / 2];
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
-    float s[BLOCK_N / 2];
-    u32 p[BLOCK_N / 4];
-    float m_a = neg_inf(), m_b = neg_inf(), l_a = 0.f, l_b = 0.f, corr_a, corr_b;
+      for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+      float s[BLOCK_N / 2];
+      u32 p[BLOCK_N / 4];
+      float m_a = neg_inf(), m_b = neg_inf(), l_a = 0.f, l_b = 0.f, corr_a, corr_b;
 
-    if (n > 0) {
-      const u32 q_base = sQ + cw * 64 * 128;
-      mbar_wait(bar_q, 0);
+      if (n > 0) {
+        mbar_wait(bar_q, q_phase);
+        q_phase ^= 1;
 
-      // first block (normally the diagonal one)
-      int kb = __shfl_sync(0xffffffffu, indices[start], 0);
-      if (cw == 1) sched_pass(cw);  // warpgroup 0 goes first
-      mbar_wait(FULL_K(0), 0);
-      sched_wait(cw);
-      wgmma_fence();
-      issue_qk(s, q_base, sK);
-      wgmma_commit();
-      if (cw == 0 || n > 1) sched_pass(cw);
-      wgmma_wait<0>();
-      fence_regs<BLOCK_N / 2>(s);
-      mbar_arrive(EMPTY_K(0));
-      // Masking is decided per loop, not per block inside the pipelined body: a data-dependent branch while
-      // wgmmas are in flight makes ptxas serialise them (C7520). The list is descending, so the blocks that
-      // reach past this warpgroup's first row (diagonal, partial) are a prefix of it.
-      const int mask_above = wg_row0 - BLOCK_N + 1;  // block kb needs the causal mask iff kb * BLOCK_N > this
-      if (kb * BLOCK_N > mask_above)
-        softmax_block<true>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
-      else
-        softmax_block<false>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
-      convert_p(s, p);
+        // first block (normally the diagonal one)
+        int kb = __shfl_sync(0xffffffffu, indices[start], 0);
+        if (cw == 1) sched_pass(cw);  // warpgroup 0 goes first
+        mbar_wait(FULL_K(stage), phase);
+        sched_wait(cw);
+        wgmma_fence();
+        issue_qk(s, q_base, sK + stage * KV_BYTES);
+        wgmma_commit();
+        if (cw == 0 || n > 1) sched_pass(cw);
+        wgmma_wait<0>();
+        fence_regs<BLOCK_N / 2>(s);
+        mbar_arrive(EMPTY_K(stage));
+        if (n == 1) mbar_arrive(bar_q_empty);
+        // Masking is decided per loop, not per block inside the pipelined body: a data-dependent branch while
+        // wgmmas are in flight makes ptxas serialise them (C7520). The list is descending, so the blocks that
+        // reach past this warpgroup's first row (diagonal, partial) are a prefix of it.
+        const int mask_above = wg_row0 - BLOCK_N + 1;  // block kb needs the causal mask iff kb * BLOCK_N > this
+        if (kb * BLOCK_N > mask_above)
+          softmax_block<true>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
+        else
+          softmax_block<false>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
+        convert_p(s, p);
 
-      int stage = 0;  // stage of block j - 1
-      u32 phase = 0;
-      int j = 1;
-      int kb_next = __shfl_sync(0xffffffffu, (n > 1) ? indices[start + 1] : 0, 0);
-      while (j < n && kb_next * BLOCK_N > mask_above) {
-        mainloop_step<true>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage, phase, kb_next,
-                            indices, start, j, n, cw);
-        ++j;
+        int j = 1;
+        int kb_next = __shfl_sync(0xffffffffu, (n > 1) ? indices[start + 1] : 0, 0);
+        while (j < n && kb_next * BLOCK_N > mask_above) {
+          mainloop_step<true>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
+                              phase, kb_next, indices, start, j, n, cw, bar_q_empty);
+          ++j;
+        }
+        for (; j < n; ++j)
+          mainloop_step<false>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
+                               phase, kb_next, indices, start, j, n, cw, bar_q_empty);
+        // last block's P V
+        rescale_o(o, corr_a, corr_b);
+        mbar_wait(FULL_V(stage), phase);
+        fence_regs<HEAD_DIM / 2>(o);
+        fence_regs_u<BLOCK_N / 4>(p);
+        wgmma_fence();
+        issue_pv(o, p, sV + stage * KV_BYTES);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs<HEAD_DIM / 2>(o);
+        mbar_arrive(EMPTY_V(stage));
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
-      for (; j < n; ++j)
-        mainloop_step<false>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage, phase, kb_next,
-                             indices, start, j, n, cw);
-      // last block's P V
-      rescale_o(o, corr_a, corr_b);
-      mbar_wait(FULL_V(stage), phase);
-      fence_regs<HEAD_DIM / 2>(o);
-      fence_regs_u<BLOCK_N / 4>(p);
-      wgmma_fence();
-      issue_pv(o, p, sV + stage * KV_BYTES);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs<HEAD_DIM / 2>(o);
-      mbar_arrive(EMPTY_V(stage));
-    }
 
-    // ---------------- epilogue: normalise, store O (bf16) and the natural-log LSE ----------------
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-    const float inv_a = (l_a > 0.f) ? 1.f / l_a : 0.f;
-    const float inv_b = (l_b > 0.f) ? 1.f / l_b : 0.f;
-    const int row_b = row_a + 8;
-    const long long head_off = (long long)h * seq_len * HEAD_DIM;
-    if (row_a < seq_len) {
-      u32* dst = reinterpret_cast<u32*>(out + head_off + (long long)row_a * HEAD_DIM + 2 * c);
+      // ---------------- epilogue: normalise, store O (bf16) and the natural-log LSE ----------------
+      l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+      l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+      l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+      l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+      const float inv_a = (l_a > 0.f) ? 1.f / l_a : 0.f;
+      const float inv_b = (l_b > 0.f) ? 1.f / l_b : 0.f;
+      const int row_b = row_a + 8;
+      const long long head_off = (long long)h * seq_len * HEAD_DIM;
+      if (row_a < seq_len) {
+        u32* dst = reinterpret_cast<u32*>(out + head_off + (long long)row_a * HEAD_DIM + 2 * c);
 #pragma unroll
-      for (int i = 0; i < HEAD_DIM / 8; ++i) dst[4 * i] = pack_bf16(o[4 * i + 0] * inv_a, o[4 * i + 1] * inv_a);
-    }
-    if (row_b < seq_len) {
-      u32* dst = reinterpret_cast<u32*>(out + head_off + (long long)row_b * HEAD_DIM + 2 * c);
+        for (int i = 0; i < HEAD_DIM / 8; ++i) dst[4 * i] = pack_bf16(o[4 * i + 0] * inv_a, o[4 * i + 1] * inv_a);
+      }
+      if (row_b < seq_len) {
+        u32* dst = reinterpret_cast<u32*>(out + head_off + (long long)row_b * HEAD_DIM + 2 * c);
 #pragma unroll
-      for (int i = 0; i < HEAD_DIM / 8; ++i) dst[4 * i] = pack_bf16(o[4 * i + 2] * inv_b, o[4 * i + 3] * inv_b);
-    }
-    if (write_lse && c == 0) {
-      const float ln2 = 0.6931471805599453f;
-      if (row_a < seq_len) lse[(long long)h * seq_len + row_a] = (l_a > 0.f) ? (m_a * sl2 + lg2(l_a)) * ln2 : neg_inf();
-      if (row_b < seq_len) lse[(long long)h * seq_len + row_b] = (l_b > 0.f) ? (m_b * sl2 + lg2(l_b)) * ln2 : neg_inf();
+        for (int i = 0; i < HEAD_DIM / 8; ++i) dst[4 * i] = pack_bf16(o[4 * i + 2] * inv_b, o[4 * i + 3] * inv_b);
+      }
+      if (write_lse && c == 0) {
+        const float ln2 = 0.6931471805599453f;
+        if (row_a < seq_len)
+          lse[(long long)h * seq_len + row_a] = (l_a > 0.f) ? (m_a * sl2 + lg2(l_a)) * ln2 : neg_inf();
+        if (row_b < seq_len)
+          lse[(long long)h * seq_len + row_b] = (l_b > 0.f) ? (m_b * sl2 + lg2(l_b)) * ln2 : neg_inf();
+      }
     }
   }
 }

@@ -92,8 +92,15 @@ def _module(source_name: str, defines: tuple[tuple[str, int], ...], device_index
     return mod
 
 
+_STREAMS: dict = {}
+
+
 def _stream(cp, device: torch.device):
-    return cp.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device.index)
+    ptr = torch.cuda.current_stream(device).cuda_stream
+    st = _STREAMS.get((device.index, ptr))
+    if st is None:
+        st = _STREAMS[(device.index, ptr)] = cp.cuda.ExternalStream(ptr, device.index)
+    return st
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -153,13 +160,14 @@ def tensor_map_bf16_3d(t: torch.Tensor, box_rows: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------
 
 def default_stages(head_dim: int, block_n: int) -> int:
-    return 2 if (head_dim == 128 and block_n == 128) else 4
+    """Ring depth per configuration (measured on the H200, docs/kernels.md)."""
+    return 4 if (head_dim == 128 and block_n == 64) else 2
 
 
 def attention_smem_bytes(head_dim: int, block_n: int, stages: int) -> int:
     q = BLOCK_M * head_dim * 2
     kv = block_n * head_dim * 2
-    return q + 2 * stages * kv + 8 * (1 + 4 * stages) + 1024  # + barriers + slack for 1024-byte alignment
+    return q + 2 * stages * kv + 8 * (2 + 4 * stages) + 1024  # + barriers + slack for 1024-byte alignment
 
 
 def attention_kernel(head_dim: int, block_n: int, device_index: int, stages: int | None = None,
@@ -178,6 +186,11 @@ def attention_kernel(head_dim: int, block_n: int, device_index: int, stages: int
     if kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem
     return kern, smem
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -243,7 +256,7 @@ def check_layout(layout: BlockLayout, H: int, L: int, device: torch.device) -> B
 def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
                              scale: float, return_lse: bool = False, out: torch.Tensor | None = None,
                              lse: torch.Tensor | None = None, stages: int | None = None, pingpong: bool = True,
-                             extra: dict | None = None):
+                             persistent: bool = True, extra: dict | None = None):
     """Block-sparse causal attention: q [H, L, D], k/v [H_kv, L, D] bf16 → out [H, L, D] bf16 (+ lse [H, L]).
 
     Row (h, m) of `layout` lists, in descending order, the KV blocks query block m of head h computes.
@@ -282,9 +295,11 @@ def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     M = -(-L // BLOCK_M)
     lse_ptr = lse.data_ptr() if return_lse else out.data_ptr()
     args = (tq, tk, tv, out.data_ptr(), lse_ptr, layout.offsets.data_ptr(), layout.indices.data_ptr(),
-            np.int32(L), np.int32(H // H_kv), np.int32(M), np.float32(scale * math.log2(math.e)),
+            np.int32(L), np.int32(H), np.int32(H // H_kv), np.int32(M), np.float32(scale * math.log2(math.e)),
             np.int32(1 if return_lse else 0))
-    _launch(kern, (H, M, 1), (ATTN_THREADS, 1, 1), args, smem, device)
+    tiles = H * M
+    grid = min(tiles, _sm_count(device)) if persistent else tiles
+    _launch(kern, (grid, 1, 1), (ATTN_THREADS, 1, 1), args, smem, device)
     # keep the views alive until the launch is queued (their storage backs the TMA maps)
     del q, k, v
     return (out, lse) if return_lse else out

@@ -147,7 +147,7 @@ LENGTHS = (1, 127, 128, 129, 1000, 8192 + 17)
 GQA = ((1, 2), (3, 1), (4, 2))  # (ratio, H_kv)
 
 
-def attention_sweep(quick: bool = False) -> list[dict]:
+def attention_sweep(quick: bool = False, **variant) -> list[dict]:
     results = []
     i = 0
     for D in (64, 128):
@@ -160,7 +160,7 @@ def attention_sweep(quick: bool = False) -> list[dict]:
                         ratio, hkv = (4, 1) if kind == "dense" else (3, 1)
                     H = ratio * hkv
                     lay = make_layout(kind, H, L, bn, seed=i)
-                    r = attention_case(H, hkv, L, D, lay, seed=1000 + i)
+                    r = attention_case(H, hkv, L, D, lay, seed=1000 + i, **variant)
                     r["mask"] = kind
                     results.append(r)
                     log(_fmt(r))
@@ -211,7 +211,7 @@ def decode_sweep() -> list[dict]:
 
 
 def variant_timings(log=log) -> list[dict]:
-    """Time kernel variants (pipeline knobs) at one shape per config: what each stage costs."""
+    """Time kernel variants (pipeline knobs) at L = 16K, dense and 10% blocks: what each stage costs."""
     from .kernels import layout_flops, random_block_layout, sift_fn, time_ms
 
     rows = []
@@ -221,21 +221,23 @@ def variant_timings(log=log) -> list[dict]:
         k = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
         for bn in (128, 64):
-            lay = random_block_layout(H, L, bn, 1.0)
-            flops = layout_flops(lay, D)
-            variants = {"default": {}, "no pingpong": dict(pingpong=False)}
-            if D == 128 and bn == 64:
-                variants["stages 2"] = dict(stages=2)
-            if D == 64:
-                variants["stages 2"] = dict(stages=2)
-            for name, var in variants.items():
-                try:
-                    ms = time_ms(sift_fn(q, k, v, lay, 1 / math.sqrt(D), **var))
-                    rows.append(dict(H=H, D=D, block_n=bn, variant=name, ms=ms, tflops=flops / ms / 1e9))
-                    log(f"variant H={H} D={D} bn={bn} {name}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s")
-                except Exception as exc:
-                    rows.append(dict(H=H, D=D, block_n=bn, variant=name, error=str(exc)[:200]))
-                    log(f"variant {name} failed: {exc}")
+            variants = {"default": {}, "not persistent": dict(persistent=False), "no pingpong": dict(pingpong=False),
+                        "stages 3": dict(stages=3)}
+            if not (D == 128 and bn == 128):
+                variants["stages 4"] = dict(stages=4)
+            for dens in (1.0, 0.1):
+                lay = random_block_layout(H, L, bn, dens, seed=3)
+                flops = layout_flops(lay, D)
+                for name, var in variants.items():
+                    try:
+                        ms = time_ms(sift_fn(q, k, v, lay, 1 / math.sqrt(D), **var))
+                        rows.append(dict(H=H, D=D, block_n=bn, density=dens, variant=name, ms=ms,
+                                         tflops=flops / ms / 1e9))
+                        log(f"variant H={H} D={D} bn={bn} dens={dens} {name}: {ms:.3f} ms "
+                            f"{flops / ms / 1e9:.0f} TFLOP/s")
+                    except Exception as exc:
+                        rows.append(dict(H=H, D=D, block_n=bn, variant=name, error=str(exc)[:200]))
+                        log(f"variant {name} failed: {exc}")
         del q, k, v
     return rows
 
@@ -246,6 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", choices=("none", "quick", "full"), default="quick")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="one small attention case per config, then exit")
+    ap.add_argument("--only", choices=("all", "attention", "decode"), default="all")
     ap.add_argument("--flex-budget", type=float, default=None, help="stop timing Flex after this many seconds")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -258,15 +262,34 @@ def main(argv=None) -> int:
     except Exception as exc:
         log("env problem:", exc)
     report = {}
+    if args.smoke:
+        ok = True
+        for D in (64, 128):
+            for bn in (64, 128):
+                for L, kind in ((300, "dense"), (1000, "sparse")):
+                    try:
+                        r = attention_case(2, 1, L, D, make_layout(kind, 2, L, bn, 0), seed=1)
+                        r["mask"] = kind
+                    except Exception as exc:
+                        r = dict(D=D, block_n=bn, L=L, ok=False, error=f"{type(exc).__name__}: {exc}")
+                    ok &= bool(r["ok"])
+                    log("smoke", _fmt(r) if "error" not in r else r)
+        print("SMOKE", "OK" if ok else "FAIL", flush=True)
+        return 0 if ok else 1
     try:
         if not args.skip_check:
             t = time.time()
-            att = attention_sweep()
+            att = attention_sweep() if args.only in ("all", "attention") else []
+            if att:
+                att_np = attention_sweep(persistent=False)
+                log(f"non-persistent grid: {sum(r['ok'] for r in att_np)}/{len(att_np)} ok")
+                report["attention_nonpersistent"] = att_np
+                summary["nonpersistent_ok"] = f"{sum(r['ok'] for r in att_np)}/{len(att_np)}"
             report["attention"] = att
             summary["attention_ok"] = f"{sum(r['ok'] for r in att)}/{len(att)}"
-            summary["attention_max_rel_err"] = max(r["rel_err"] for r in att)
+            summary["attention_max_rel_err"] = max((r["rel_err"] for r in att), default=None)
             log(f"attention sweep {time.time() - t:.0f}s: {summary['attention_ok']} ok")
-            if not all(r["ok"] for r in att):
+            if att and not all(r["ok"] for r in att):
                 # diagnostic: the V descriptor with leading/stride byte offsets swapped
                 try:
                     lay = make_layout("dense", 2, 300, 64, 0)
@@ -276,7 +299,7 @@ def main(argv=None) -> int:
                 except Exception as exc:
                     log("diag failed", exc)
             t = time.time()
-            dec = decode_sweep()
+            dec = decode_sweep() if args.only in ("all", "decode") else []
             report["decode"] = dec
             summary["decode_ok"] = f"{sum(r['ok'] for r in dec)}/{len(dec)}"
             log(f"decode sweep {time.time() - t:.0f}s: {summary['decode_ok']} ok")
@@ -294,13 +317,18 @@ def main(argv=None) -> int:
         try:
             from .kernels import markdown, run_kernel_bench
 
-            rows = run_kernel_bench(quick=args.bench == "quick", time_budget_s=args.flex_budget, log=log)
-            with open(os.path.join(args.out, "bench.json"), "w") as f:
-                json.dump(rows, f, indent=1)
-            md = markdown(rows)
-            with open(os.path.join(args.out, "bench.md"), "w") as f:
-                f.write(md + "\n")
-            log(md)
+            def save(rows):
+                with open(os.path.join(args.out, "bench.json"), "w") as f:
+                    json.dump(rows, f, indent=1)
+                with open(os.path.join(args.out, "bench.md"), "w") as f:
+                    f.write(markdown(rows) + "\n")
+                with open(os.path.join(args.out, "log.txt"), "w") as f:
+                    f.write("\n".join(_LOG) + "\n")
+
+            rows = run_kernel_bench(quick=args.bench == "quick", time_budget_s=args.flex_budget, log=log,
+                                    checkpoint=save)
+            save(rows)
+            log(markdown(rows))
         except Exception:
             log("BENCH CRASHED:\n" + traceback.format_exc())
             summary["bench_crashed"] = True

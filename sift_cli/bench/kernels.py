@@ -165,11 +165,20 @@ def flex_fn(q, k, v, layout: BlockLayout, scale):
     fn = _FLEX["fn"]
     bmask = flex_block_mask(layout)
     q4, k4, v4 = q[None], k[None], v[None]
+    # Flex's own tile must divide the KV block: 64-wide KV blocks need BLOCK_N = 64 (key names vary by version)
+    options = [None] if layout.block_n >= 128 else [{"BLOCK_N": 64}, {"fwd_BLOCK_N": 64}, None]
+    last = None
+    for opt in options:
+        def run(opt=opt):
+            return fn(q4, k4, v4, block_mask=bmask, scale=scale, enable_gqa=True, kernel_options=opt)
 
-    def run():
-        return fn(q4, k4, v4, block_mask=bmask, scale=scale, enable_gqa=True)
-
-    return run
+        try:
+            run()
+            torch.cuda.synchronize()
+            return run
+        except Exception as exc:  # try the next spelling
+            last = exc
+    raise last
 
 
 def sift_fn(q, k, v, layout: BlockLayout, scale, **variant):
@@ -212,6 +221,26 @@ def synthetic_prompt_bits(seq_len: int, n_layers: int = 30, n_heads: int = 9, ti
     return PromptBits.pack(lay, la_blobs, ca_blobs, tile, n_layers, n_heads)
 
 
+def graph_time_ms(fn, reps: int = 200) -> float | None:
+    """GPU time of fn() from CUDA-graph replays (no host launch overhead); None if capture fails."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        return time_ms(g.replay, warmup=3, reps=reps) if reps else None
+    except Exception:
+        return None
+
+
 def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) -> list[dict]:
     from ..kernels import CudaDecoder
 
@@ -233,15 +262,19 @@ def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) ->
         def write_only():
             dec.write(layer, offsets, indices)
 
-        ms_layer = time_ms(per_layer, warmup=5, reps=50)
-        ms_counts_all = time_ms(all_counts, warmup=3, reps=20)
-        ms_write = time_ms(write_only, warmup=5, reps=50)
+        eager = time_ms(per_layer, warmup=5, reps=50)
+        g_layer = graph_time_ms(per_layer)
+        g_counts = graph_time_ms(all_counts, reps=50)
+        g_write = graph_time_ms(write_only)
+        ms_layer = g_layer if g_layer is not None else eager
+        amortised = (g_counts / bits.n_layers + g_write) if (g_counts is not None and g_write is not None) else None
         rows.append(dict(kind="decode", L=L, layers=bits.n_layers, heads=bits.n_heads, tile=bits.tile,
-                         block_n=block_n, density=dec.offsets[layer, -1, -1].item() / max(1, dense_blocks(L, bits.n_heads, block_n)),
-                         ms_per_layer=ms_layer, ms_amortised=ms_counts_all / bits.n_layers + ms_write,
-                         ms_count_all_layers=ms_counts_all, ms_write=ms_write,
+                         block_n=block_n, nnz=int(dec.nnz[layer]), ms_per_layer=ms_layer, ms_eager=eager,
+                         ms_amortised=amortised, ms_count_all_layers=g_counts, ms_write=g_write,
+                         timing="cuda graph" if g_layer is not None else "eager",
                          target_ms={15360: 0.04, 32768: 0.075, 65536: 0.14}.get(L)))
-        log(f"decode L={L}: {ms_layer:.4f} ms/layer (pass1+scan+pass2), amortised {rows[-1]['ms_amortised']:.4f}")
+        log(f"decode L={L}: {ms_layer:.4f} ms/layer GPU ({rows[-1]['timing']}; eager incl. host launches "
+            f"{eager:.4f}), amortised {amortised}")
     return rows
 
 
@@ -257,7 +290,7 @@ def dense_blocks(L, H, block_n):
 
 def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities=None, block_ns=BLOCK_NS,
                      flex: bool = True, decode: bool = True, time_budget_s: float | None = None,
-                     log=print) -> list[dict]:
+                     log=print, checkpoint=None) -> list[dict]:
     """All rows of the issue-4 table. quick: L = 16K only and densities 100% / 10%."""
     if not torch.cuda.is_available():
         from ..errors import SiftError
@@ -268,8 +301,8 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
     t0 = time.time()
     rows: list[dict] = []
     torch.manual_seed(0)
-    for H, H_kv, D in shapes:
-        for L in lengths:
+    for L in lengths:
+        for H, H_kv, D in shapes:
             q = torch.randn(H, L, D, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(H_kv, L, D, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(H_kv, L, D, device="cuda", dtype=torch.bfloat16)
@@ -315,6 +348,8 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
                     del layout
             del q, k, v
             torch.cuda.empty_cache()
+            if checkpoint:
+                checkpoint(rows)
     if decode:
         rows += bench_decode(lengths=(15360,) if quick else (15360, 32768, 65536), log=log)
     return rows
@@ -338,7 +373,7 @@ def render(rows: list[dict]):
         d.add_column(col, justify="right")
     for r in rows:
         if r.get("kind") == "decode":
-            d.add_row(f"{r['L']}", str(r["block_n"]), _f(r["ms_per_layer"], 4), _f(r["ms_amortised"], 4),
+            d.add_row(f"{r['L']}", str(r["block_n"]), _f(r["ms_per_layer"], 4), _f(r.get("ms_amortised"), 4),
                       _f(r.get("target_ms"), 3))
     from rich.console import Group
 
@@ -358,7 +393,7 @@ def markdown(rows: list[dict]) -> str:
               "|---|---|---|---|---|"]
     for r in rows:
         if r.get("kind") == "decode":
-            lines.append(f"| {r['L']} | {r['block_n']} | {_f(r['ms_per_layer'], 4)} | {_f(r['ms_amortised'], 4)} | "
+            lines.append(f"| {r['L']} | {r['block_n']} | {_f(r['ms_per_layer'], 4)} | {_f(r.get('ms_amortised'), 4)} | "
                          f"{_f(r.get('target_ms'), 3)} |")
     return "\n".join(lines)
 
