@@ -204,6 +204,12 @@ __device__ __forceinline__ void wgmma_rs_n128(float* d, u32 a0, u32 a1, u32 a2, 
 
 // V is the B operand of P V in MN-major form (the head dim is contiguous): 8-key core groups are 1024 bytes
 // apart (stride byte offset), 64-wide head-dim slabs CHUNK_KV bytes apart (leading byte offset).
+#ifndef ABLATE_SOFTMAX
+#define ABLATE_SOFTMAX 0
+#endif
+#ifndef ABLATE_PV
+#define ABLATE_PV 0
+#endif
 #ifndef V_LBO
 #define V_LBO CHUNK_KV
 #endif
@@ -224,6 +230,9 @@ __device__ __forceinline__ void issue_qk(float* s, u32 q_base, u32 k_base) {
 
 // O += P V: BLOCK_N / 16 k-steps of 16 keys (2048 bytes of V each); P from registers.
 __device__ __forceinline__ void issue_pv(float* o, const u32* p, u32 v_base) {
+#if ABLATE_PV  // timing ablation only (wrong results): no P V GEMM
+  return;
+#endif
 #pragma unroll
   for (int t = 0; t < BLOCK_N / 16; ++t) {
     u64 db = make_desc(v_base + t * 2048, V_LBO, V_SBO);
@@ -237,6 +246,10 @@ __device__ __forceinline__ void issue_pv(float* o, const u32* p, u32 v_base) {
 template <bool MASK>
 __device__ __forceinline__ void softmax_block(float* s, float& m_a, float& m_b, float& l_a, float& l_b,
                                               float& corr_a, float& corr_b, float sl2, int key0, int row_a) {
+#if ABLATE_SOFTMAX  // timing ablation only (wrong results): P = S, no max / exp / sums
+  corr_a = corr_b = 1.f;
+  return;
+#endif
   const int c = threadIdx.x & 3;
   if (MASK) {
 #pragma unroll

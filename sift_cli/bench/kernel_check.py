@@ -221,10 +221,13 @@ def variant_timings(log=log) -> list[dict]:
         k = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
         for bn in (128, 64):
-            variants = {"default": {}, "not persistent": dict(persistent=False), "no pingpong": dict(pingpong=False),
-                        "stages 3": dict(stages=3)}
+            variants = {"default": {}, "persistent": dict(persistent=True), "no pingpong": dict(pingpong=False),
+                        "stages 2": dict(stages=2), "stages 3": dict(stages=3)}
             if not (D == 128 and bn == 128):
                 variants["stages 4"] = dict(stages=4)
+            if bn == 128:  # stage-removed ablations (wrong results, timing only)
+                variants["ablate softmax"] = dict(extra={"ABLATE_SOFTMAX": 1})
+                variants["ablate PV"] = dict(extra={"ABLATE_PV": 1})
             for dens in (1.0, 0.1):
                 lay = random_block_layout(H, L, bn, dens, seed=3)
                 flops = layout_flops(lay, D)
@@ -281,10 +284,10 @@ def main(argv=None) -> int:
             t = time.time()
             att = attention_sweep() if args.only in ("all", "attention") else []
             if att:
-                att_np = attention_sweep(persistent=False)
-                log(f"non-persistent grid: {sum(r['ok'] for r in att_np)}/{len(att_np)} ok")
-                report["attention_nonpersistent"] = att_np
-                summary["nonpersistent_ok"] = f"{sum(r['ok'] for r in att_np)}/{len(att_np)}"
+                att_np = attention_sweep(persistent=True)
+                log(f"persistent grid: {sum(r['ok'] for r in att_np)}/{len(att_np)} ok")
+                report["attention_persistent"] = att_np
+                summary["persistent_ok"] = f"{sum(r['ok'] for r in att_np)}/{len(att_np)}"
             report["attention"] = att
             summary["attention_ok"] = f"{sum(r['ok'] for r in att)}/{len(att)}"
             summary["attention_max_rel_err"] = max((r["rel_err"] for r in att), default=None)
