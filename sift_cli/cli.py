@@ -206,6 +206,86 @@ def status(
         raise typer.Exit(3)
 
 
+# ---- prefill ---------------------------------------------------------------------------------------------------
+
+@app.command()
+def prefill(
+    shards_dir: Path = typer.Option(..., "--shards", help="shard directory made by `sift profile`"),
+    docs: Path = typer.Option(..., "--docs", help="file with one doc_id per line, in prompt order"),
+    query: Path = typer.Option(..., "--query", help="file holding the user's question"),
+    model: Optional[str] = ModelOpt,
+    backend: str = typer.Option("auto", "--backend", help="auto, reference, flex or cuda"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
+    repeat: int = typer.Option(3, "--repeat", help="timed runs of each mode (median reported)"),
+    block_m: int = typer.Option(128, "--block-m", help="query block size"),
+    block_n: int = typer.Option(64, "--block-n", help="KV block size (64 or 128)"),
+    trust_remote_code: bool = TrustOpt,
+    online: bool = OnlineOpt,
+    as_json: bool = JsonOpt,
+):
+    """Assemble a RAG prompt from profiled documents; run full recompute and SIFT side by side."""
+    from .prompt import read_doc_ids, read_query
+
+    doc_ids, question = read_doc_ids(docs), read_query(query)
+    _run_prefill(shards_dir, doc_ids, question, model, backend, device, dtype, max_new_tokens, repeat, block_m,
+                 block_n, trust_remote_code, online, as_json)
+
+
+def _run_prefill(shards_dir, doc_ids, question, model, backend, device, dtype, max_new_tokens, repeat, block_m,
+                 block_n, trust_remote_code=False, online=False, as_json=False):
+    from .prefill import run_prefill
+    from .prompt import assemble
+    from .shards import ShardSet
+
+    if block_n not in (64, 128) or block_m not in (64, 128, 192, 256):
+        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256")
+    shards = ShardSet(shards_dir)
+    lm = _load(model, device, dtype, trust_remote_code, online)
+    prompt = assemble(shards, lm, doc_ids, question)
+    report = run_prefill(lm, prompt, backend, repeat=repeat, max_new_tokens=max_new_tokens, block_m=block_m,
+                         block_n=block_n)
+    if as_json:
+        print_json(report)
+    else:
+        render_prefill(report, question)
+    return report
+
+
+def render_prefill(r: dict, question: str) -> None:
+    pt = r["prompt_tokens"]
+    out.print(f"[bold]prompt[/]: {pt['total']} tokens = prefix {pt['prefix']} + {len(pt['docs'])} documents "
+              f"{pt['docs']} + suffix {pt['suffix']}   ({r['model']}, {r['device']}, {r['dtype']})")
+    d = r["density"]
+    out.print(f"[bold]attention computed[/]: {pct(d['blocks'])} of causal {r['block_m']}×{r['block_n']} blocks, "
+              f"{pct(d['cells'])} of causal cells (T={r['tile_size']}, backend {r['backend']})")
+    table = Table(show_edge=False)
+    for col in ("", "TTFT ms", "answer"):
+        table.add_column(col)
+    table.add_row("full recompute", f"{r['dense']['ttft_ms']:.1f}", escape(r["dense"]["text"].strip()))
+    table.add_row("SIFT", f"{r['sift']['ttft_ms']:.1f}", escape(r["sift"]["text"].strip()))
+    out.print(f"[bold]question[/]: {escape(question)}")
+    out.print(table)
+    out.print(f"speed-up {r['speedup']:.2f}×   decode {r['decode_ms']:.2f} ms "
+              f"({pct(r['decode_share_of_ttft'])} of SIFT TTFT)   first token "
+              f"{'same' if r['first_token_match'] else 'DIFFERENT'}   KL {r['kl']:.2e}   "
+              f"max |Δlogit| {r['max_abs_logit_diff']:.3f}")
+
+
+@app.command("demo-prefill", hidden=True)
+def demo_prefill(
+    shards_dir: Path = typer.Option(..., "--shards"),
+    device: str = DeviceOpt,
+):
+    """Answer the built-in sample questions from shards of the built-in sample corpus."""
+    from .sample import SAMPLE_QUESTIONS
+
+    for doc_ids, question in SAMPLE_QUESTIONS[:2]:
+        _run_prefill(shards_dir, list(doc_ids), question, None, "auto", device, "auto", 12, 1, 128, 64)
+        out.print()
+
+
 @app.command("sample-corpus")
 def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):
     """Write the built-in sample corpus (Python standard-library documentation) to a directory."""

@@ -25,7 +25,7 @@ def nvcc_path():
 def tiny_ckpt(tmp_path_factory):
     from .helpers import tiny_checkpoint
 
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), seed=1, max_pos=512)
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny-ckpt"), seed=1, max_pos=1024)
 
 
 @pytest.fixture(scope="session")

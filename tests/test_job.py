@@ -103,7 +103,7 @@ def test_mixed_settings_are_refused(tmp_path, tiny_lm, small_corpus):
 
 
 def test_over_long_documents_are_skipped_or_strict(tmp_path, tiny_lm, small_corpus):
-    (small_corpus / "huge.txt").write_text("zebra quartz " * 400)  # > 512-token context of the tiny model
+    (small_corpus / "huge.txt").write_text("zebra quartz " * 400)  # longer than the tiny model's context
     rep = profile_corpus(small_corpus, tmp_path / "o", tiny_lm, CFG, num_shards=2)
     assert rep.skipped_too_long == ["huge"] and rep.profiled == 12
     assert validate_path(tmp_path / "o")["ok"]

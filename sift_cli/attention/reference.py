@@ -1,7 +1,8 @@
 """Ground-truth block-sparse attention in plain PyTorch: dense scores, the block mask of SPEC §6, softmax.
 
-Every other backend is checked against this one. It materialises [H, L, L] scores, one head group at a time,
-so it is for tests, CPU runs and modest lengths, not for speed.
+Every other backend is checked against this one. Without LSE it runs the masked softmax through SDPA with a
+boolean [H, L, L] mask in fp32; with LSE it materialises each head's [L, L] scores explicitly. Either way it is
+for tests, CPU runs and modest lengths, not for speed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def block_sparse_attention(
         raise ValueError(f"layout is for H={layout.n_heads}, L={layout.seq_len}; got H={H}, L={L}")
     group = H // H_kv
     blocks = layout.dense_mask().to(q.device)
+    if not return_lse:
+        # The same masked softmax through SDPA (all heads at once, no [H, L, L] fp32 scores held).
+        allowed = expand_block_mask(blocks, layout.block_m, layout.block_n, L)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.to(compute_dtype)[None], k.to(compute_dtype)[None], v.to(compute_dtype)[None], attn_mask=allowed[None],
+            scale=scale, enable_gqa=group > 1)
+        return out[0].to(q.dtype)
     out = torch.empty(H, L, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(H, L, dtype=torch.float32, device=q.device)
     for h in range(H):

@@ -1,0 +1,69 @@
+"""FlexAttention backend: a BlockMask built straight from the CSR lists, compiled once per shape.
+
+Blocks entirely below the diagonal go to the "full" lists (no mask function is evaluated on them); the rest
+carry the causal mask_mod.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .base import BlockLayout
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def block_mask_from_layout(layout: BlockLayout):
+    from torch.nn.attention.flex_attention import BlockMask
+
+    dev = layout.offsets.device
+    H, M, N = layout.n_heads, layout.n_query_blocks, layout.n_kv_blocks
+    L, BM, BN = layout.seq_len, layout.block_m, layout.block_n
+    mask = layout.dense_mask()  # [H, M, N]
+    q_first = torch.arange(M, device=dev) * BM
+    k_first = torch.arange(N, device=dev) * BN
+    full_shape = ((k_first[None, :] + BN - 1 <= q_first[:, None])  # every pair causal
+                  & (q_first[:, None] + BM <= L) & (k_first[None, :] + BN <= L))  # and in bounds
+    full = mask & full_shape[None]
+    partial = mask & ~full_shape[None]
+
+    def lists(m):
+        counts = m.sum(-1, dtype=torch.int32)
+        # sort selected block ids first (stable, ascending) and keep them as the index list
+        order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return counts[None].contiguous(), order[None].contiguous()
+
+    kv_num, kv_idx = lists(partial)
+    full_num, full_idx = lists(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(BM, BN), mask_mod=_causal,
+                                    seq_lengths=(L, L))
+
+
+class FlexBackend:
+    name = "flex"
+
+    def prepare(self, layout: BlockLayout):
+        return block_mask_from_layout(layout)
+
+    def forward(self, q, k, v, layout: BlockLayout, scale, return_lse=False, plan=None):
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        bm = plan if plan is not None else block_mask_from_layout(layout)
+        group = q.shape[0] // k.shape[0]
+        out = _compiled_flex()(q[None], k[None], v[None], block_mask=bm, scale=scale, enable_gqa=group > 1,
+                               return_aux=AuxRequest(lse=True) if return_lse else None)
+        if return_lse:
+            o, aux = out
+            return o[0], aux.lse[0].float()
+        return out[0]

@@ -1,0 +1,113 @@
+"""Prompt assembly, model integration and the dense-vs-SIFT prefill report."""
+
+import json
+
+import pytest
+import torch
+
+from sift_cli.attention.base import BlockLayout
+from sift_cli.attention.reference import block_sparse_attention
+from sift_cli.decode import dense_layout
+from sift_cli.errors import SiftError
+from sift_cli.job import profile_corpus
+from sift_cli.models import load_model
+from sift_cli.prefill import dense_prefill, run_prefill, sparse_prefill
+from sift_cli.profile import ProfileConfig
+from sift_cli.prompt import assemble
+from sift_cli.shards import ShardSet
+
+from .test_cli import assert_one_line_error, run
+
+EVERYTHING = ProfileConfig(tile=16, alpha=0.0, beta=0.0, gamma=0.0)
+
+
+@pytest.fixture
+def all_bits(tmp_path, tiny_lm, small_corpus):
+    out = tmp_path / "all"
+    profile_corpus(small_corpus, out, tiny_lm, EVERYTHING, num_shards=2)
+    return ShardSet(out)
+
+
+def test_reference_paths_agree():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(6, 200, 16), torch.randn(2, 200, 16), torch.randn(2, 200, 16)
+    mask = torch.rand(6, 4, 4) < 0.5
+    mask |= torch.eye(4, dtype=torch.bool)[None, :4, :4]
+    mask &= torch.ones(4, 4, dtype=torch.bool).tril()
+    from sift_cli.decode import layout_from_mask
+
+    lay = layout_from_mask(mask[:, :2, :].repeat_interleave(1, 1), 128, 64, 200)
+    fast = block_sparse_attention(q, k, v, lay, 0.25)
+    slow, lse = block_sparse_attention(q, k, v, lay, 0.25, return_lse=True)
+    assert torch.allclose(fast, slow, atol=1e-5) and torch.isfinite(lse).all()
+
+
+def test_all_bits_set_equals_dense_to_fp32_rounding(tiny_lm, all_bits):
+    ids = ["doc00", "doc07", "doc09", "doc11", "doc03"]
+    prompt = assemble(all_bits, tiny_lm, ids, "What jumps over the dog?")
+    x = torch.tensor([prompt.input_ids])
+    dense_logits, _, _ = dense_prefill(tiny_lm, x)
+    from sift_cli.attention.reference import ReferenceBackend
+
+    run_ = sparse_prefill(tiny_lm, prompt, ReferenceBackend(), x, 128, 64)
+    assert all(lay.density() == 1.0 for lay in run_.layouts)
+    assert torch.allclose(dense_logits, run_.logits, atol=1e-4, rtol=1e-5)
+    dense = dense_layout(prompt.layout.seq_len, tiny_lm.n_heads)
+    assert torch.equal(run_.layouts[0].indices, dense.indices)
+
+
+def test_sparse_prefill_cache_continues_densely(tiny_lm, all_bits):
+    prompt = assemble(all_bits, tiny_lm, ["doc01", "doc09"], "Which zebras jump?")
+    r = run_prefill(tiny_lm, prompt, "reference", repeat=1, max_new_tokens=6, warmup=0)
+    assert r["same_answer"] and r["first_token_match"] and r["kl"] < 1e-8
+    assert r["density"]["blocks"] == 1.0
+
+
+def test_prompt_layout_and_checks(tmp_path, tiny_lm, small_corpus, all_bits):
+    prompt = assemble(all_bits, tiny_lm, ["doc04", "doc00"], "why?")
+    lay = prompt.layout
+    assert prompt.input_ids[: lay.prefix_len] == all_bits.prefix_token_ids
+    d0 = all_bits.get(["doc04"])[0].tokens
+    assert prompt.input_ids[lay.docs[0].start: lay.docs[0].end] == d0
+    assert lay.seq_len == len(prompt.input_ids)
+    with pytest.raises(SiftError, match="not in the shard set"):
+        assemble(all_bits, tiny_lm, ["nope"], "q")
+    with pytest.raises(SiftError, match="query is empty"):
+        assemble(all_bits, tiny_lm, ["doc00"], "  ")
+    with pytest.raises(SiftError, match="more than the model's context"):
+        assemble(all_bits, tiny_lm, [f"doc{i:02d}" for i in range(12)] * 3, "q")
+
+
+def test_other_model_is_refused(tmp_path, all_bits, tiny_ckpt):
+    from .helpers import tiny_checkpoint
+
+    other = load_model(str(tiny_checkpoint(tmp_path / "other", seed=9, max_pos=1024)))
+    with pytest.raises(SiftError, match="profiled with model"):
+        assemble(all_bits, other, ["doc00"], "q")
+
+
+def test_prefill_cli_json_and_bad_input(tmp_path, tiny_ckpt, all_bits, capsys):
+    docs, query = tmp_path / "ids.txt", tmp_path / "q.txt"
+    docs.write_text("doc03\ndoc05\n")
+    query.write_text("What does the fox do?\n")
+    args = ["prefill", "--shards", all_bits.dir, "--docs", docs, "--query", query, "--model", tiny_ckpt,
+            "--backend", "reference", "--repeat", "1", "--max-new-tokens", "3"]
+    code, stdout, _ = run(capsys, *args, "--json")
+    r = json.loads(stdout)
+    for key in ("prompt_tokens", "density", "speedup", "decode_ms", "first_token_match", "kl"):
+        assert key in r
+    for key in ("ttft_ms", "text"):
+        assert key in r["dense"] and key in r["sift"]
+    code, stdout, _ = run(capsys, *args)
+    assert code == 0 and "speed-up" in stdout
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n# nothing\n")
+    code, _, err = run(capsys, *[empty if a == docs else a for a in args])
+    assert_one_line_error(code, err, "no document ids")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("  \n")
+    code, _, err = run(capsys, *[blank if a == query else a for a in args])
+    assert_one_line_error(code, err, "query is empty")
+    docs.write_text("doc03\nmissing-doc\n")
+    code, _, err = run(capsys, *args)
+    assert_one_line_error(code, err, "missing-doc")
