@@ -39,3 +39,34 @@ def test_model_facts(smol):
     assert (smol.n_layers, smol.n_heads, smol.n_kv_heads, smol.head_dim, smol.max_context) == (30, 9, 3, 64, 8192)
     assert smol.fingerprint.startswith("sha256:b179c952")
     assert smol.tokenizer.decode(prefix_token_ids(smol.tokenizer)).endswith("<|im_start|>user\n")
+
+
+def _nq_or_skip():
+    from sift_cli.datasets import data_dir, nq_records
+    from sift_cli.errors import SiftError
+
+    try:
+        return nq_records(data_dir())
+    except SiftError:
+        pytest.skip("NQ data not available (set SIFT_DATA_DIR)")
+
+
+def test_nq_five_documents_same_first_token(smol, tmp_path):
+    """A 5-passage NQ prompt: SIFT at the default thresholds gives the same first token as full recompute."""
+    from sift_cli.datasets import nq_items, nq_passages, write_jsonl
+    from sift_cli.job import profile_corpus
+    from sift_cli.prefill import run_prefill
+    from sift_cli.prompt import assemble
+    from sift_cli.shards import ShardSet
+
+    records = _nq_or_skip()
+    item = nq_items(records, n_docs=5, n_items=1, seed=3)[0]
+    passages = {p["id"]: p for p in nq_passages(records)}
+    corpus = write_jsonl([passages[d] for d in item.doc_ids], tmp_path / "nq.jsonl")
+    profile_corpus(corpus, tmp_path / "shards", smol, ProfileConfig(), num_shards=1)
+    prompt = assemble(ShardSet(tmp_path / "shards"), smol, list(item.doc_ids), item.question)
+    r = run_prefill(smol, prompt, "reference", repeat=1, max_new_tokens=8, warmup=0)
+    assert r["first_token_match"], r
+    assert r["kl"] < 0.05 and 0 < r["density"]["blocks"] <= 1
+    for key in ("prompt_tokens", "density", "speedup", "decode_ms", "first_token_match", "kl"):
+        assert key in r
