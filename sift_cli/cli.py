@@ -286,6 +286,34 @@ def demo_prefill(
         out.print()
 
 
+# ---- bench -----------------------------------------------------------------------------------------------------
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks measured side by side in one run.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("kernels")
+def bench_kernels(
+    quick: bool = typer.Option(False, "--quick", help="fewer lengths and densities"),
+    markdown: bool = typer.Option(False, "--markdown", help="print the table as Markdown (for docs/benchmarks.md)"),
+    as_json: bool = JsonOpt,
+):
+    """Sparse attention kernel vs cuDNN SDPA (dense causal) vs FlexAttention, and the decode kernel (GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SiftError("sift bench kernels needs a CUDA GPU (Hopper for the bundled kernels)")
+    from .bench import kernels as kb
+
+    rows = kb.run_kernel_bench(quick=quick)
+    if as_json:
+        print_json(rows)
+    elif markdown:
+        out.print(kb.markdown(rows), markup=False)
+    else:
+        out.print(kb.render(rows))
+
+
 @app.command("sample-corpus")
 def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):
     """Write the built-in sample corpus (Python standard-library documentation) to a directory."""

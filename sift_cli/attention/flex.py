@@ -15,8 +15,12 @@ from .base import BlockLayout
 
 @functools.lru_cache(maxsize=None)
 def _compiled_flex():
+    import torch._dynamo
+
     from torch.nn.attention.flex_attention import flex_attention
 
+    # one compilation per prompt length: allow many lengths in one process before dynamo gives up
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     return torch.compile(flex_attention, dynamic=False)
 
 

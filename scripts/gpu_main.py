@@ -1,0 +1,170 @@
+"""One device run for the foundation and prefill issues: profiling throughput and sparse-prefill TTFT of the
+bundled SmolLM2 on real essays, on whatever GPU this runs on. Prints a compact table last; JSON to --out.
+
+    PYTHONPATH=. python3 scripts/gpu_main.py --gguf /tmp/w/SmolLM2-135M-Instruct.Q4_1.gguf --data DIR --out F
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+
+def essays_cut(data, words):
+    from sift_cli.datasets import essay_records, long_essays
+
+    return long_essays(essay_records(data, words), words)
+
+
+def joined_docs(data, n_docs, words):
+    """Long documents made of consecutive whole essays, cut at `words` words."""
+    from sift_cli.datasets import essay_records
+
+    recs = essay_records(data, 100000)
+    out, buf, i = [], [], 0
+    while len(out) < n_docs and i < len(recs):
+        buf.extend(recs[i]["text"].split(" "))
+        i += 1
+        if len(buf) >= words:
+            out.append({"id": f"joined{len(out)}", "title": "", "text": " ".join(buf[:words])})
+            buf = []
+    return out
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def dense_throughput(lm, prefix, docs_tokens, repeat=3):
+    base = lm.model.model
+    for d in docs_tokens[:2]:
+        base(input_ids=torch.tensor([prefix + d], device=lm.device), use_cache=False)
+    _sync()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for d in docs_tokens:
+            base(input_ids=torch.tensor([prefix + d], device=lm.device), use_cache=False)
+        _sync()
+        times.append(time.perf_counter() - t)
+    return sum(len(d) for d in docs_tokens) / statistics.median(times)
+
+
+def profile_case(lm, name, records, work):
+    from sift_cli.datasets import write_jsonl
+    from sift_cli.job import profile_corpus, tokenize_documents
+    from sift_cli.corpus import load_documents
+    from sift_cli.models import prefix_token_ids
+    from sift_cli.profile import ProfileConfig
+    from sift_cli.stats import inspect_shards
+
+    corpus = write_jsonl(records, work / f"{name}.jsonl")
+    cfg = ProfileConfig(batch_tokens=65536, stats_budget_bytes=2 << 30)
+    # warm-up on a throwaway directory (allocator, kernels)
+    profile_corpus(corpus, work / f"{name}-warm", lm, cfg, num_shards=1)
+    _sync()
+    rep = profile_corpus(corpus, work / f"{name}-shards", lm, cfg, num_shards=1)
+    docs = load_documents(corpus)
+    toks = tokenize_documents(lm.tokenizer, docs)
+    dense = dense_throughput(lm, prefix_token_ids(lm.tokenizer), toks)
+    s = inspect_shards(work / f"{name}-shards")
+    return {"case": name, "docs": rep.profiled, "mean_tokens": rep.tokens / max(1, rep.profiled),
+            "profile_tok_s": rep.tokens_per_second, "dense_prefill_tok_s": dense,
+            "profile_over_dense": rep.tokens_per_second / dense,
+            "shard_bytes_per_doc": s["bytes_per_document"], "kv_bytes_per_doc": s["kv_cache_bytes_bf16"] / s["documents"],
+            "la_density": s["la_density"], "ca_density": s["ca_density"]}
+
+
+def ttft_cases(lm, data, work, repeat, limit=0):
+    from sift_cli.datasets import write_jsonl
+    from sift_cli.job import profile_corpus
+    from sift_cli.prefill import run_prefill
+    from sift_cli.profile import ProfileConfig
+    from sift_cli.prompt import assemble
+    from sift_cli.shards import ShardSet
+
+    recs = essays_cut(data, 300 if limit else 1450)[: 2 if limit else 12]
+    corpus = write_jsonl(recs, work / "essays.jsonl")
+    profile_corpus(corpus, work / "essay-shards", lm, ProfileConfig(batch_tokens=65536, stats_budget_bytes=2 << 30),
+                   num_shards=1)
+    shards = ShardSet(work / "essay-shards")
+    rows = []
+    for n_docs, label in ((2, "4K"), (4, "8K"))[: 1 if limit else 2]:
+        for start in (0, 4)[: 1 if limit else 2]:
+            ids = [r["id"] for r in recs[start:start + n_docs]]
+            prompt = assemble(shards, lm, ids, "What is the main argument of the first essay?")
+            for backend in (("reference",) if limit else ("flex", "cuda")):
+                try:
+                    r = run_prefill(lm, prompt, backend, repeat=repeat, max_new_tokens=16)
+                    rows.append({"prompt": label, "docs": ids, "backend": backend,
+                                 "tokens": r["prompt_tokens"]["total"], "density_blocks": r["density"]["blocks"],
+                                 "density_cells": r["density"]["cells"], "dense_ms": r["dense"]["ttft_ms"],
+                                 "sift_ms": r["sift"]["ttft_ms"], "forward_ms": r["sift"]["forward_ms"],
+                                 "decode_ms": r["decode_ms"], "transfer_ms": r["sift"]["transfer_ms"],
+                                 "speedup": r["speedup"], "first_token_match": r["first_token_match"],
+                                 "kl": r["kl"], "same_answer": r["same_answer"]})
+                except Exception as exc:  # keep going: report what failed
+                    rows.append({"prompt": label, "backend": backend, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--limit", type=int, default=0, help="documents per case (0: all); for smoke tests")
+    args = ap.parse_args()
+    os.environ.setdefault("SIFT_CACHE_DIR", "/tmp/sift-cache")
+    from sift_cli.models import load_model
+
+    result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__}
+    t = time.time()
+    lm = load_model(args.gguf, device=args.device)
+    lim = (lambda xs: xs[: args.limit]) if args.limit else (lambda xs: xs)
+    result["load_s"] = time.time() - t
+    work = Path(tempfile.mkdtemp(prefix="sift-gpu-"))
+    result["profile"] = []
+    for name, recs in (("essays-1K", lim(essays_cut(args.data, 750)[:24])),
+                       ("joined-8K", lim(joined_docs(args.data, 4, 600 if args.limit else 5800)))):
+        try:
+            result["profile"].append(profile_case(lm, name, recs, work))
+        except Exception as exc:
+            traceback.print_exc()
+            result["profile"].append({"case": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print(json.dumps(result["profile"][-1]), flush=True)
+    result["ttft"] = ttft_cases(lm, args.data, work, args.repeat, args.limit)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print("\n== profiling throughput (H200, bf16 model, fp32 statistics) ==")
+    for r in result["profile"]:
+        if "error" in r:
+            print(r)
+            continue
+        print(f"{r['case']:>10}: {r['docs']} docs x {r['mean_tokens']:.0f} tok  profile {r['profile_tok_s']:,.0f} tok/s  "
+              f"dense {r['dense_prefill_tok_s']:,.0f} tok/s  ratio {r['profile_over_dense']:.2f}  "
+              f"shard {r['shard_bytes_per_doc']:,.0f} B/doc vs KV {r['kv_bytes_per_doc']:,.0f} B/doc")
+    print("== TTFT, SmolLM2 essays (T=64, 128x64 blocks) ==")
+    for r in result["ttft"]:
+        if "error" in r:
+            print(r)
+            continue
+        print(f"{r['prompt']} {r['tokens']:>5} tok {r['backend']:>4}: density {r['density_blocks']:.3f}  dense "
+              f"{r['dense_ms']:.2f} ms  sift {r['sift_ms']:.2f} ms (fwd {r['forward_ms']:.2f}, decode "
+              f"{r['decode_ms']:.2f})  x{r['speedup']:.2f}  first {r['first_token_match']}  KL {r['kl']:.1e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
