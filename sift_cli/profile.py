@@ -4,6 +4,10 @@ attention probabilities into LA tile bits and CA page bits.
 The model runs its normal forward; a registered attention function computes each layer's output with SDPA and,
 beside it, the statistics, in fp32, one head group and one band of query rows at a time: no n×n matrix for all
 heads is ever held, so memory is bounded by `stats_budget_bytes` whatever the document length.
+
+That per-document torch path (`doc_attention_bits`) is the reference. `ProfileConfig.stats = "triton"` (the default
+"auto" on CUDA) computes the same bits for the whole batch with the Triton kernels of `stats_triton.py`, which
+never materialise probabilities.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch.nn.functional as F
 from .bits import n_pages, pack_doc
 
 ATTN_NAME = "sift_profile"
+STATS_PATHS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class ProfileConfig:
     gamma: float = 0.10
     batch_tokens: int = 16384
     stats_budget_bytes: int = 256 << 20
+    stats: str = "auto"  # statistics path: torch (reference), triton (fast, stats_triton.py), auto (triton on CUDA)
 
     def check(self) -> None:
         from .errors import SiftError
@@ -39,6 +45,8 @@ class ProfileConfig:
                 raise SiftError(f"--{name} {v}: must be between 0 and 1")
         if self.batch_tokens < 1:
             raise SiftError("--batch-tokens must be positive")
+        if self.stats not in STATS_PATHS:
+            raise SiftError(f"--stats {self.stats}: expected one of {', '.join(STATS_PATHS)}")
 
     def thresholds(self) -> dict:
         return {"tile_size": self.tile, "alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
@@ -126,6 +134,8 @@ class _BatchState:
     n_layers: int
     la: list[list] = field(default_factory=list)  # [doc][layer] → bool [H, P, P]
     ca: list[list] = field(default_factory=list)
+    fast: bool = False  # triton path: la/ca are [layer] → bool [B, H, P, P] / [B, H, P] for the whole batch
+    lengths_dev: torch.Tensor | None = None
 
     def __post_init__(self):
         self.la = [[None] * self.n_layers for _ in self.doc_lengths]
@@ -145,6 +155,12 @@ def _profile_attention(module, query, key, value, attention_mask, scaling=None, 
         query, key.repeat_interleave(group, dim=1) if group > 1 else key,
         value.repeat_interleave(group, dim=1) if group > 1 else value, is_causal=query.shape[2] > 1, scale=scaling)
     layer = module.layer_idx
+    if st.fast:
+        from .stats_triton import batch_attention_bits
+
+        st.la[layer], st.ca[layer] = batch_attention_bits(query, key, st.prefix_len, st.doc_lengths, scaling, st.cfg,
+                                                          lengths_dev=st.lengths_dev)
+        return out.transpose(1, 2).contiguous(), None
     for b, n in enumerate(st.doc_lengths):
         la, ca = doc_attention_bits(query[b], key[b], st.prefix_len, n, scaling, st.cfg)
         st.la[b][layer], st.ca[b][layer] = la, ca
@@ -171,9 +187,14 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
     for i, d in enumerate(docs):
         batch[i, : len(prefix_ids) + len(d)] = torch.tensor(prefix_ids + list(d))
     n_layers = model.config.num_hidden_layers
+    fast = resolve_stats(cfg.stats, device) == "triton"
+    lengths = [len(d) for d in docs]
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)
-    _state.current = _BatchState(cfg, len(prefix_ids), [len(d) for d in docs], n_layers)
+    _state.current = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast,
+                                 lengths_dev=torch.tensor(lengths, dtype=torch.int32, device=device) if fast else None)
+    if fast:
+        _state.current.la, _state.current.ca = [None] * n_layers, [None] * n_layers
     try:
         base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
         base(input_ids=batch.to(device), use_cache=False)
@@ -181,7 +202,26 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
     finally:
         _state.current = None
         model.set_attn_implementation(previous)
+    if fast:  # [L, B, H, P, P] → one copy to the host, then each document's corner
+        la, ca = torch.stack(st.la, 1).cpu(), torch.stack(st.ca, 1).cpu()
+        return [DocBits(la[b, :, :, : n_pages(n, cfg.tile), : n_pages(n, cfg.tile)],
+                        ca[b, :, :, : n_pages(n, cfg.tile)]) for b, n in enumerate(lengths)]
     return [DocBits(torch.stack(st.la[b]).cpu(), torch.stack(st.ca[b]).cpu()) for b in range(len(docs))]
+
+
+def resolve_stats(stats: str, device: torch.device) -> str:
+    """The statistics path to run: 'torch' or 'triton' ('auto': triton on CUDA when importable)."""
+    from .errors import SiftError
+    from .stats_triton import usable_on
+
+    dev = torch.device(device)
+    if stats == "torch" or (stats == "auto" and dev.type != "cuda"):
+        return "torch"
+    usable = usable_on(dev)
+    if stats == "triton" and not usable:
+        raise SiftError("--stats triton needs the triton package and a CUDA GPU (or TRITON_INTERPRET=1 on CPU); "
+                        "use --stats torch")
+    return "triton" if usable else "torch"
 
 
 def plan_batches(lengths: list[int], prefix_len: int, batch_tokens: int) -> list[list[int]]:
