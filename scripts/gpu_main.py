@@ -119,6 +119,106 @@ def ttft_cases(lm, data, work, repeat, limit=0):
     return rows
 
 
+def attention_breakdown(lm, data, work, limit=0):
+    """Where SIFT's forward time goes at 8K: per-layer kernel time (events) vs host time, against dense SDPA."""
+    import torch.nn.functional as F
+
+    from sift_cli.attention import get_backend
+    from sift_cli.prefill import decode_all_layers
+    from sift_cli.prompt import assemble
+    from sift_cli.shards import ShardSet
+
+    recs = essays_cut(data, 300 if limit else 1450)[: 2 if limit else 4]
+    shards = ShardSet(work / "essay-shards")
+    prompt = assemble(shards, lm, [r["id"] for r in recs], "What is the main argument of the first essay?")
+    L, H, Hkv, D = prompt.layout.seq_len, lm.n_heads, lm.n_kv_heads, lm.head_dim
+    bits = prompt.bits.to(lm.device)
+    layouts = decode_all_layers(bits, lm.n_layers, 128, 64, "cuda")
+    g = torch.Generator(device=lm.device).manual_seed(0)
+    q = torch.randn(1, L, H, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    k = torch.randn(1, L, Hkv, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    v = torch.randn(1, L, Hkv, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
+    rows = {"L": L, "density": sum(x.computed_blocks() for x in layouts) / sum(x.causal_blocks() for x in layouts)}
+
+    def timed(fn, n=5):
+        fn()
+        _sync()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        walls, gpus = [], []
+        for _ in range(n):
+            t = time.perf_counter()
+            ev[0].record()
+            fn()
+            ev[1].record()
+            host = time.perf_counter() - t
+            _sync()
+            walls.append(host * 1e3)
+            gpus.append(ev[0].elapsed_time(ev[1]))
+        return statistics.median(gpus), statistics.median(walls)
+
+    def dense():
+        for _ in layouts:
+            F.scaled_dot_product_attention(q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1),
+                                           is_causal=True, scale=D ** -0.5)
+
+    rows["dense_sdpa_30_layers_ms"], rows["dense_host_ms"] = timed(dense)
+    for name in ("cuda", "flex"):
+        try:
+            be = get_backend(name, lm.device)
+            plans = [be.prepare(x) if hasattr(be, "prepare") else None for x in layouts]
+
+            def sparse(be=be, plans=plans):
+                for x, p in zip(layouts, plans):
+                    be.forward(q[0], k[0], v[0], x, D ** -0.5, **({} if p is None else {"plan": p}))
+
+            rows[f"{name}_30_layers_ms"], rows[f"{name}_host_ms"] = timed(sparse)
+        except Exception as exc:
+            rows[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    # whole forwards: stock SDPA, the integration running SDPA itself, the integration with each sparse backend
+    from sift_cli.attention import integration
+
+    class SdpaThroughIntegration:
+        name = "sdpa-via-integration"
+
+        def forward(self, q_, k_, v_, layout, scale, return_lse=False):
+            g_ = q_.shape[0] // k_.shape[0]
+            return F.scaled_dot_product_attention(q_[None], k_[None], v_[None], is_causal=True, scale=scale,
+                                                  enable_gqa=g_ > 1)[0]
+
+    masks_seen = []
+    original = integration.sift_attention_forward
+
+    def spy(module, query, key, value, attention_mask, *a, **kw):
+        masks_seen.append(attention_mask is not None)
+        return original(module, query, key, value, attention_mask, *a, **kw)
+
+    integration.sift_attention_forward = spy
+    ids = torch.tensor([prompt.input_ids], device=lm.device)
+
+    def whole(plan=None):
+        def fn():
+            with torch.inference_mode():
+                if plan is None:
+                    lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                else:
+                    with integration.sparse_attention(lm.model, plan):
+                        lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return fn
+
+    rows["forward_sdpa_ms"], rows["forward_sdpa_host_ms"] = timed(whole(), 10)
+    rows["forward_sdpa_via_integration_ms"], _ = timed(whole(integration.prepare_plan(SdpaThroughIntegration(),
+                                                                                      layouts)), 10)
+    for name in ("cuda", "flex"):
+        try:
+            rows[f"forward_{name}_ms"], rows[f"forward_{name}_host_ms"] = timed(
+                whole(integration.prepare_plan(get_backend(name, lm.device), layouts)), 10)
+        except Exception as exc:
+            rows[f"forward_{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    rows["attention_mask_passed"] = any(masks_seen)
+    integration.sift_attention_forward = original
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", required=True)
@@ -126,6 +226,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--skip-profile", action="store_true", help="skip the profiling-throughput cases")
     ap.add_argument("--limit", type=int, default=0, help="documents per case (0: all); for smoke tests")
     args = ap.parse_args()
     os.environ.setdefault("SIFT_CACHE_DIR", "/tmp/sift-cache")
@@ -138,8 +239,9 @@ def main():
     result["load_s"] = time.time() - t
     work = Path(tempfile.mkdtemp(prefix="sift-gpu-"))
     result["profile"] = []
-    for name, recs in (("essays-1K", lim(essays_cut(args.data, 750)[:24])),
-                       ("joined-8K", lim(joined_docs(args.data, 4, 600 if args.limit else 5800)))):
+    cases = () if args.skip_profile else (("essays-1K", lim(essays_cut(args.data, 750)[:24])),
+                                          ("joined-8K", lim(joined_docs(args.data, 4, 600 if args.limit else 5000))))
+    for name, recs in cases:
         try:
             result["profile"].append(profile_case(lm, name, recs, work))
         except Exception as exc:
@@ -147,6 +249,11 @@ def main():
             result["profile"].append({"case": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         print(json.dumps(result["profile"][-1]), flush=True)
     result["ttft"] = ttft_cases(lm, args.data, work, args.repeat, args.limit)
+    try:
+        result["breakdown"] = attention_breakdown(lm, args.data, work, args.limit)
+    except Exception as exc:
+        traceback.print_exc()
+        result["breakdown"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     Path(args.out).write_text(json.dumps(result, indent=2))
     print("\n== profiling throughput (H200, bf16 model, fp32 statistics) ==")
     for r in result["profile"]:
@@ -164,6 +271,8 @@ def main():
         print(f"{r['prompt']} {r['tokens']:>5} tok {r['backend']:>4}: density {r['density_blocks']:.3f}  dense "
               f"{r['dense_ms']:.2f} ms  sift {r['sift_ms']:.2f} ms (fwd {r['forward_ms']:.2f}, decode "
               f"{r['decode_ms']:.2f})  x{r['speedup']:.2f}  first {r['first_token_match']}  KL {r['kl']:.1e}")
+    print("== attention only, 30 layers at the 8K prompt's masks (GPU ms by events, host ms to enqueue) ==")
+    print(json.dumps(result["breakdown"]))
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def layout_from_mask(mask: torch.Tensor, block_m: int, block_n: int, seq_len: in
     offsets[:, M] = ends.view(H, M)[:, -1].to(torch.int32)
     flipped = torch.nonzero(mask.flip(-1))  # row-major: (h, m) ascending, flipped column ascending
     indices = (N - 1 - flipped[:, 2]).to(torch.int32)
-    return BlockLayout(offsets, indices.contiguous(), block_m, block_n, seq_len)
+    return BlockLayout(offsets, indices.contiguous(), block_m, block_n, seq_len, mask)
 
 
 def decode_layer(bits: PromptBits, layer: int, block_m: int = 128, block_n: int = 64) -> BlockLayout:

@@ -18,7 +18,9 @@ def random_layout(H, L, bm, bn, density, seed):
     q_last = torch.clamp(torch.arange(M) * bm + bm, max=L) - 1
     causal = torch.arange(N)[None, :] * bn <= q_last[:, None]
     mask = (torch.rand(H, M, N, generator=g) < density) & causal[None]
-    mask[:, torch.arange(M), q_last // bn] = True  # diagonal block always listed
+    q_first = torch.arange(M) * bm
+    for kb in range(N):  # blocks holding a row's own key are always listed (as decode guarantees)
+        mask[:, (q_first // bn <= kb) & (kb <= q_last // bn), kb] = True
     return layout_from_mask(mask, bm, bn, L)
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sift_cli import bits as bitlib
+from sift_cli.attention.base import BlockLayout
 from sift_cli.decode import (block_mask_for_layer, causal_cells_per_block, cell_density, decode_layer,
                              dense_layout)
 from sift_cli.layout import PromptBits, PromptLayout
@@ -70,7 +71,8 @@ def test_decode_matches_brute_force(tile, blocks):
             got = block_mask_for_layer(pb, layer, block_m, block_n).numpy()
             assert (got == want).all(), (trial, layer, pb.layout)
             lay = decode_layer(pb, layer, block_m, block_n)
-            assert (lay.dense_mask().numpy() == want).all()
+            from_csr = BlockLayout(lay.offsets, lay.indices, block_m, block_n, lay.seq_len)  # no cached mask
+            assert (from_csr.dense_mask().numpy() == want).all()
 
 
 def test_short_unaligned_segments():

@@ -31,6 +31,7 @@ class BlockLayout:
     block_m: int
     block_n: int
     seq_len: int
+    mask: torch.Tensor | None = None  # optional bool [H, M, N] the lists came from (saves rebuilding it)
 
     @property
     def n_heads(self) -> int:
@@ -45,7 +46,8 @@ class BlockLayout:
         return -(-self.seq_len // self.block_n)
 
     def to(self, device: torch.device | str) -> "BlockLayout":
-        return BlockLayout(self.offsets.to(device), self.indices.to(device), self.block_m, self.block_n, self.seq_len)
+        return BlockLayout(self.offsets.to(device), self.indices.to(device), self.block_m, self.block_n, self.seq_len,
+                           None if self.mask is None else self.mask.to(device))
 
     def computed_blocks(self) -> int:
         return int(self.indices.numel())
@@ -58,7 +60,9 @@ class BlockLayout:
         return self.computed_blocks() / max(1, self.causal_blocks())
 
     def dense_mask(self) -> torch.Tensor:
-        """Boolean [H, M, N] mask of the listed blocks (for references and tests)."""
+        """Boolean [H, M, N] mask of the listed blocks."""
+        if self.mask is not None:
+            return self.mask
         h, m1 = self.offsets.shape
         mask = torch.zeros(h, m1 - 1, self.n_kv_blocks, dtype=torch.bool, device=self.offsets.device)
         offsets = self.offsets.long()

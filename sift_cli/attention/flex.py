@@ -50,12 +50,21 @@ def block_mask_from_layout(layout: BlockLayout):
 
     kv_num, kv_idx = lists(partial)
     full_num, full_idx = lists(full)
+    # compute_q_blocks builds the transposed lists only the backward pass reads: skip it (forward only)
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(BM, BN), mask_mod=_causal,
-                                    seq_lengths=(L, L))
+                                    seq_lengths=(L, L), compute_q_blocks=False)
+
+
+def _kernel_option_candidates(block_n: int):
+    """Flex's own KV tile must divide the BlockMask's KV block: 64-wide blocks need BLOCK_N = 64."""
+    return [None] if block_n >= 128 else [{"BLOCK_N": 64}, {"fwd_BLOCK_N": 64}, None]
 
 
 class FlexBackend:
     name = "flex"
+
+    def __init__(self):
+        self._options: dict[int, dict | None] = {}  # block_n → kernel_options that compiled
 
     def prepare(self, layout: BlockLayout):
         return block_mask_from_layout(layout)
@@ -65,8 +74,24 @@ class FlexBackend:
 
         bm = plan if plan is not None else block_mask_from_layout(layout)
         group = q.shape[0] // k.shape[0]
-        out = _compiled_flex()(q[None], k[None], v[None], block_mask=bm, scale=scale, enable_gqa=group > 1,
-                               return_aux=AuxRequest(lse=True) if return_lse else None)
+
+        def call(options):
+            return _compiled_flex()(q[None], k[None], v[None], block_mask=bm, scale=scale, enable_gqa=group > 1,
+                                    return_aux=AuxRequest(lse=True) if return_lse else None, kernel_options=options)
+
+        if layout.block_n in self._options:
+            out = call(self._options[layout.block_n])
+        else:
+            error = None
+            for options in _kernel_option_candidates(layout.block_n):
+                try:
+                    out = call(options)
+                    self._options[layout.block_n] = options
+                    break
+                except Exception as exc:  # this torch spells the option differently: try the next
+                    error = exc
+            else:
+                raise error
         if return_lse:
             o, aux = out
             return o[0], aux.lse[0].float()
