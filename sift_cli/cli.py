@@ -37,6 +37,7 @@ def _load(model, device, dtype, trust_remote_code=False, online=False):
 
 @app.command()
 def profile(
+    ctx: typer.Context,
     corpus: str = typer.Argument(..., help="directory of .txt/.md, .jsonl[.gz|.zst], .parquet, "
                                            "or builtin:stdlib-docs"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="shard directory (created; resumable)"),
@@ -61,6 +62,12 @@ def profile(
                                                                      "{id}; default 'Title: {title}\\n{text}\\n\\n'"),
     prefix_text: Optional[str] = typer.Option(None, "--prefix-text", help="prompt prefix text (default: the "
                                                                            "chat template up to the user turn)"),
+    stats: str = typer.Option("auto", "--stats", help="attention statistics: auto (triton on CUDA), torch "
+                                                      "(reference), triton"),
+    rank: Optional[int] = typer.Option(None, "--rank", help="this worker's rank (default: from torchrun or Slurm "
+                                                            "variables, else 0); it profiles shards s % world == rank"),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="number of workers (with --rank)"),
+    gpus: int = typer.Option(0, "--gpus", help="launch N local workers, one per GPU, and wait for all"),
     trust_remote_code: bool = TrustOpt,
     online: bool = OnlineOpt,
     as_json: bool = JsonOpt,
@@ -69,23 +76,38 @@ def profile(
     from .corpus import CorpusFormat
     from .job import profile_corpus
     from .profile import ProfileConfig
+    from .workers import detect_rank, owned_shards, worker_device
 
     corpus = _resolve_corpus(corpus)
     if num_shards is not None and num_shards < 1:
         raise SiftError("--num-shards must be at least 1")
-    lm = _load(model, device, dtype, trust_remote_code, online)
+    fmt = CorpusFormat(id_field, text_field, title_field, template.encode().decode("unicode_escape")
+                       if template else None)
+    if gpus:
+        return _profile_local_workers(ctx, corpus, out_dir, fmt, gpus, num_shards, docs_per_shard, device, rank,
+                                      world_size, as_json)
+    worker = detect_rank(rank, world_size)
+    only = None
+    if worker.world_size > 1:
+        if num_shards is None:
+            raise SiftError(f"worker {worker.rank} of {worker.world_size} (from {worker.source}): pass --num-shards "
+                            f"(the same number to every worker)")
+        only = owned_shards(num_shards, worker.rank, worker.world_size)
+    lm = _load(model, worker_device(device, worker.local_rank), dtype, trust_remote_code, online)
     gpu = lm.device.type == "cuda"
     cfg = ProfileConfig(tile=tile, alpha=alpha, beta=beta, gamma=gamma,
                         batch_tokens=batch_tokens or (65536 if gpu else 16384),
-                        stats_budget_bytes=(2 << 30) if gpu else (256 << 20))
-    fmt = CorpusFormat(id_field, text_field, title_field, template.encode().decode("unicode_escape")
-                       if template else None)
+                        stats_budget_bytes=(2 << 30) if gpu else (256 << 20), stats=stats)
+    cfg.check()
     with token_progress("profiling", not as_json) as progress:
         report = profile_corpus(corpus, out_dir, lm, cfg, fmt, num_shards=num_shards, docs_per_shard=docs_per_shard,
-                                strict=strict, prefix_text=prefix_text, progress=progress)
+                                strict=strict, prefix_text=prefix_text, progress=progress, only_shards=only)
     if as_json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), "worker": worker.to_json(), "device": str(lm.device)})
         return
+    if worker.world_size > 1:
+        out.print(f"worker {worker.rank} of {worker.world_size} ({worker.source}): {len(only)} of "
+                  f"{report.num_shards} shards are this worker's")
     out.print(f"[bold]{report.out}[/]: {report.documents} documents in {report.num_shards} shards")
     out.print(f"  profiled {report.profiled} documents ({report.tokens} tokens) in {report.seconds:.1f} s "
               f"= {report.tokens_per_second:,.0f} tokens/s on {lm.device}")
@@ -97,6 +119,49 @@ def profile(
                   + (" ..." if len(report.skipped_too_long) > 5 else ""))
     if report.manifest:
         out.print(f"  manifest: {report.manifest}")
+
+
+def _profile_local_workers(ctx, corpus, out_dir, fmt, gpus, num_shards, docs_per_shard, device, rank, world_size,
+                           as_json):
+    """--gpus N: N worker processes of this same command (ranks 0..N-1, one GPU each); wait; sum up."""
+    import time
+
+    from .shards import MANIFEST, write_manifest
+    from .workers import command_argv, launch_local, log_tail, merge_reports, resolve_num_shards
+
+    if gpus < 1:
+        raise SiftError("--gpus must be at least 1")
+    if rank is not None or world_size is not None:
+        raise SiftError("--gpus starts its own workers (ranks 0..N-1); drop --rank/--world-size")
+    n_shards = resolve_num_shards(corpus, fmt, out_dir, num_shards, docs_per_shard)
+    argv = command_argv(ctx, drop={"gpus", "rank", "world_size", "num_shards", "as_json"})
+    t0 = time.perf_counter()
+    results = launch_local(argv, gpus, n_shards, device)
+    seconds = time.perf_counter() - t0
+    total = merge_reports(results)
+    manifest = None
+    if all((out_dir / f"part-{s:05d}.parquet").is_file() for s in range(n_shards)):
+        manifest = str(out_dir / MANIFEST) if (out_dir / MANIFEST).is_file() else str(write_manifest(out_dir))
+    total.update(out=str(out_dir), num_shards=n_shards, seconds=round(seconds, 3),
+                 tokens_per_second=round(total["tokens"] / seconds, 1) if seconds > 0 else 0.0, manifest=manifest,
+                 per_worker=[{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 3),
+                              "tokens": (r.report or {}).get("tokens", 0), "log": str(r.log)} for r in results])
+    failed = [r for r in results if r.returncode != 0]
+    if failed:
+        r = failed[0]
+        raise SiftError(f"{len(failed)} of {gpus} workers failed; worker {r.rank} exited {r.returncode}: "
+                        f"{log_tail(r.log, 2) or 'no output'} (log: {r.log}); finished shards are kept: run the "
+                        f"same command again to finish")
+    if as_json:
+        print_json(total)
+        return
+    out.print(f"[bold]{out_dir}[/]: {total['documents']} documents in {n_shards} shards, {gpus} workers")
+    out.print(f"  profiled {total['profiled']} documents ({total['tokens']} tokens) in {seconds:.1f} s "
+              f"= {total['tokens_per_second']:,.0f} tokens/s")
+    if total["reused"]:
+        out.print(f"  reused {total['reused']} documents from {total['shards_reused']} finished shards")
+    if manifest:
+        out.print(f"  manifest: {manifest}")
 
 
 def _resolve_corpus(corpus: str) -> str:
@@ -179,8 +244,10 @@ def status(
     finalize: bool = typer.Option(False, "--finalize", help="write the manifest when every shard is done"),
     as_json: bool = JsonOpt,
 ):
-    """Which shards of a directory are done and which are missing; --finalize writes the manifest."""
+    """Which shards of a directory are done, in progress (held by a live worker) and missing; --finalize writes
+    the manifest (and removes leftover lock and temporary files)."""
     from .shards import MANIFEST, ShardFile, list_parts, part_name, write_manifest
+    from .workers import busy_buckets, clean_leftovers
 
     parts = list_parts(path) if path.is_dir() else []
     if not parts:
@@ -189,18 +256,21 @@ def status(
     n = int(first.meta.get("sift.num_shards", 0))
     names = {p.name for p in parts}
     missing = [i for i in range(n) if part_name(i) not in names]
+    running = [i for i in busy_buckets(path) if i in set(missing)]
     manifest = None
     if finalize:
         if missing:
-            raise SiftError(f"{path}: {len(missing)} of {n} shards are not done (first: {part_name(missing[0])}); "
-                            f"finish them before --finalize")
+            raise SiftError(f"{path}: {len(missing)} of {n} shards are not done (first: {part_name(missing[0])}"
+                            f"{f'; {len(running)} in progress' if running else ''}); finish them before --finalize")
         manifest = str(write_manifest(path))
-    result = {"path": str(path), "num_shards": n, "done": n - len(missing), "missing": missing,
+        clean_leftovers(path)
+    result = {"path": str(path), "num_shards": n, "done": n - len(missing), "missing": missing, "running": running,
               "manifest": manifest or (str(path / MANIFEST) if (path / MANIFEST).is_file() else None)}
     if as_json:
         print_json(result)
     else:
         out.print(f"{path}: {result['done']}/{n} shards done" + (f"; missing {missing[:10]}" if missing else "")
+                  + (f" ({len(running)} in progress: {running[:10]})" if running else "")
                   + (f"; manifest {result['manifest']}" if result["manifest"] else "; no manifest yet"))
     if missing and not as_json:
         raise typer.Exit(3)

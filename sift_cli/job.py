@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 from . import __version__
 from .corpus import CorpusFormat, Document, load_documents
@@ -107,11 +107,14 @@ def default_num_shards(n_docs: int, docs_per_shard: int) -> int:
 def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: ProfileConfig,
                    fmt: CorpusFormat = CorpusFormat(), num_shards: int | None = None, docs_per_shard: int = 1000,
                    strict: bool = False, prefix_text: str | None = None, only_shards: set[int] | None = None,
-                   progress: Callable[[int, int], None] | None = None, write_index: bool = True) -> ProfileReport:
+                   progress: Callable[[int, int], None] | None = None, write_index: bool = True,
+                   claim: Callable[[int, bool], ContextManager[bool]] | None = None) -> ProfileReport:
     """Profile every document of `corpus` into shards under `out`; resumable; returns what was done.
 
     only_shards: the buckets this worker owns (None: all). progress(done_tokens, total_tokens) is called as
-    batches finish.
+    batches finish. claim(shard, wait): a context manager yielding whether this process may write that shard now
+    (default: `workers.BucketClaims`, a per-bucket lock in `out`, so concurrent workers never write one shard
+    twice); buckets held elsewhere are retried, waiting, after the others.
     """
     cfg.check()
     out = Path(out)
@@ -162,29 +165,54 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
 
     total_tokens = sum(len(t) for _, keep, _ in plans for _, t in keep)
     done_tokens = 0
-    for s, keep, skipped in plans:
-        rows = []
-        lengths = [len(t) for _, t in keep]
-        for batch in plan_batches(lengths, len(prefix_ids), cfg.batch_tokens):
-            bits = profile_batch(lm.model, prefix_ids, [keep[i][1] for i in batch], cfg)
-            for i, b in zip(batch, bits):
-                doc, tokens = keep[i]
-                la, ca = b.pack()
-                rows.append({"doc_id": doc.doc_id, "tokens": tokens, "token_sha256": token_sha256(tokens),
-                             "n_tokens": len(tokens), "la_bits": la, "ca_bits": ca,
-                             "la_density": b.la_density(), "ca_density": b.ca_density()})
-                done_tokens += len(tokens)
-            if progress:
-                progress(done_tokens, total_tokens)
-        write_shard(out / part_name(s), rows, {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped)})
-        report.shards_written += 1
-        report.profiled += len(rows)
-        report.tokens += sum(lengths)
+    if claim is None:
+        from .workers import BucketClaims
+
+        claim = BucketClaims(out)
+    for wait in (False, True):  # first the free buckets; then wait for those another process was holding
+        busy = []
+        for s, keep, skipped in plans:
+            with claim(s, wait) as mine:
+                if not mine:
+                    busy.append((s, keep, skipped))
+                    continue
+                done = _finished(out / part_name(s), {d.doc_id for d, _ in keep} | set(skipped))
+                if done is not None:  # finished by another worker meanwhile
+                    report.shards_reused += 1
+                    report.reused += done
+                    done_tokens += sum(len(t) for _, t in keep)
+                    continue
+                done_tokens = _profile_shard(out, s, keep, skipped, lm, cfg, prefix_ids, meta, report, progress,
+                                             done_tokens, total_tokens)
+        plans = busy
 
     if write_index and all((out / part_name(s)).is_file() for s in range(num_shards)):
         report.manifest = str(write_manifest(out))
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _profile_shard(out: Path, s: int, keep, skipped, lm, cfg, prefix_ids, meta, report, progress, done_tokens,
+                   total_tokens) -> int:
+    """Profile one bucket's documents and write its shard file (atomically); returns the tokens done so far."""
+    rows = []
+    lengths = [len(t) for _, t in keep]
+    for batch in plan_batches(lengths, len(prefix_ids), cfg.batch_tokens):
+        bits = profile_batch(lm.model, prefix_ids, [keep[i][1] for i in batch], cfg)
+        for i, b in zip(batch, bits):
+            doc, tokens = keep[i]
+            la, ca = b.pack()
+            rows.append({"doc_id": doc.doc_id, "tokens": tokens, "token_sha256": token_sha256(tokens),
+                         "n_tokens": len(tokens), "la_bits": la, "ca_bits": ca,
+                         "la_density": b.la_density(), "ca_density": b.ca_density()})
+            done_tokens += len(tokens)
+        if progress:
+            progress(done_tokens, total_tokens)
+    write_shard(out / part_name(s), rows, {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped)})
+    report.shards_written += 1
+    report.profiled += len(rows)
+    report.tokens += sum(lengths)
+    return done_tokens
 
 
 def _finished(path: Path, expected_ids: set[str]) -> int | None:
