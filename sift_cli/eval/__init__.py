@@ -1,0 +1,18 @@
+"""Measurements of the paper's claims on the user's own model and corpus (issue 6).
+
+One module per measurement; each takes plain data (a loaded model, shard sets, prompt specs) and returns plain
+dicts, so the CLI (`sift_cli/cli_eval.py`) only parses and renders:
+
+- `common`     prompt specs (NQ, essays, user files), profiling into a work directory, prompt composition
+- `probe`      run a model's dense forward and hand every layer's post-RoPE q, k to a callback
+- `recall`     truly high attention cells of composed prompts against the stored LA tiles / CA pages
+- `fastref`    a chunked CPU implementation of the reference block-sparse attention (same maths, less memory)
+- `kvreuse`    per-document KV caches, RoPE re-rotation, naive KV reuse and CacheBlend
+- `static`     the sink+window static sparse baseline at a given block density
+- `qa`         multi-document QA records, the NQ builder, lost-in-the-middle scoring, all modes side by side
+- `thresholds` threshold-free document statistics: bits for any (T, alpha, beta, gamma) from one model pass
+- `sweep`      density and fidelity over a grid of thresholds; `calibrate` picks the sparsest that meets a target
+- `config`     the `sift.toml` file `sift calibrate` writes and `sift profile` reads its defaults from
+- `storage`    SIFT metadata bytes against KV-cache bytes (shard sets and published model configs)
+- `plots`      optional matplotlib figures
+"""
