@@ -162,6 +162,26 @@ def attention_breakdown(lm, data, work, limit=0):
                                            is_causal=True, scale=D ** -0.5)
 
     rows["dense_sdpa_30_layers_ms"], rows["dense_host_ms"] = timed(dense)
+
+    # Does a launch wait for queued GPU work? Queue ~50 ms of sleep, then time the host side of one call.
+    def host_ms_behind_sleep(fn):
+        fn()
+        _sync()
+        torch.cuda._sleep(100_000_000)
+        t = time.perf_counter()
+        fn()
+        host = (time.perf_counter() - t) * 1e3
+        _sync()
+        return host
+
+    try:
+        be = get_backend("cuda", lm.device)
+        rows["cuda_one_call_host_ms_behind_50ms_sleep"] = host_ms_behind_sleep(
+            lambda: be.forward(q[0], k[0], v[0], layouts[0], D ** -0.5))
+        from sift_cli.kernels import tensor_map_bf16_3d
+        rows["tma_encode_host_ms_behind_sleep"] = host_ms_behind_sleep(lambda: tensor_map_bf16_3d(q[0], 128))
+    except Exception as exc:
+        rows["sync_probe_error"] = f"{type(exc).__name__}: {exc}"[:300]
     for name in ("cuda", "flex"):
         try:
             be = get_backend(name, lm.device)
