@@ -1,0 +1,139 @@
+"""`sift.toml`: profile thresholds chosen by `sift calibrate`, read by `sift profile` as its defaults.
+
+Where: `--config PATH`, else `$SIFT_CONFIG`, else `./sift.toml` in the working directory (like other tools'
+project files: it travels with the corpus and the scripts that profile it). Format:
+
+    # written by `sift calibrate` …
+    [profile]
+    tile = 64
+    alpha = 0.001
+    beta = 0.01
+    gamma = 0.1
+
+    [calibration]            # what the choice rests on (informational)
+    model = "…"
+    weights = "sha256:…"
+    target = "kl <= 0.001"
+    …
+
+Command-line flags still win over the file; the file wins over the built-in defaults. When the file was calibrated
+for other weights than the model being profiled, `profile_defaults` says so (the thresholds are still used: the
+user asked for this file).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import SiftError
+
+BUILTIN = {"tile": 64, "alpha": 1e-3, "beta": 1e-2, "gamma": 0.10}
+FILE_NAME = "sift.toml"
+
+
+def config_path(explicit: str | Path | None = None) -> Path | None:
+    if explicit:
+        p = Path(explicit)
+        if not p.is_file():
+            raise SiftError(f"--config {explicit}: file not found")
+        return p
+    env = os.environ.get("SIFT_CONFIG")
+    if env:
+        p = Path(env)
+        if not p.is_file():
+            raise SiftError(f"$SIFT_CONFIG={env}: file not found")
+        return p
+    p = Path.cwd() / FILE_NAME
+    return p if p.is_file() else None
+
+
+def _parse_toml(text: str, origin: str) -> dict:
+    try:
+        import tomllib  # Python 3.11+
+
+        return tomllib.loads(text)
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        pass
+    except Exception as exc:
+        raise SiftError(f"{origin}: not valid TOML ({exc})") from exc
+    # Python 3.10: the flat subset this module writes (sections, key = number | "string" | true/false)
+    import json
+
+    out: dict = {}
+    section = out
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = out.setdefault(line[1:-1].strip(), {})
+            continue
+        if "=" not in line:
+            raise SiftError(f"{origin}:{lineno}: expected key = value")
+        key, value = (s.strip() for s in line.split("=", 1))
+        try:
+            section[key] = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SiftError(f"{origin}:{lineno}: cannot read value {value!r}") from exc
+    return out
+
+
+def read_config(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SiftError(f"{path}: cannot read ({exc})") from exc
+    data = _parse_toml(text, str(path))
+    prof = data.get("profile", {})
+    if not isinstance(prof, dict):
+        raise SiftError(f"{path}: [profile] must be a table")
+    unknown = set(prof) - set(BUILTIN)
+    if unknown:
+        raise SiftError(f"{path}: unknown key {sorted(unknown)[0]!r} in [profile] (known: tile, alpha, beta, gamma)")
+    for key, value in prof.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise SiftError(f"{path}: [profile] {key} must be a number")
+    return data
+
+
+def profile_defaults(explicit: str | Path | None = None, lm=None) -> dict:
+    """{tile, alpha, beta, gamma, source, warning}: built-in defaults overridden by the config file's [profile]."""
+    out = dict(BUILTIN, source="built-in defaults", warning=None)
+    path = config_path(explicit)
+    if path is None:
+        return out
+    data = read_config(path)
+    for key, value in data.get("profile", {}).items():
+        out[key] = int(value) if key == "tile" else float(value)
+    out["source"] = str(path)
+    cal = data.get("calibration", {})
+    if lm is not None and cal.get("weights") and cal.get("weights") != lm.fingerprint:
+        out["warning"] = (f"{path} was calibrated for weights {str(cal.get('weights'))[:24]}…, not the model "
+                          f"being profiled ({lm.fingerprint[:24]}…); its thresholds are used anyway")
+    return out
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+    return f'"{s}"'
+
+
+def write_config(path: str | Path, profile: dict, calibration: dict, comment: str = "") -> Path:
+    """Write (replace) the file; keys of other sections are not kept: the file is the calibration's output."""
+    p = Path(path)
+    lines = [f"# {line}" for line in comment.splitlines()] if comment else []
+    lines.append("[profile]")
+    lines.extend(f"{k} = {_toml_value(profile[k])}" for k in ("tile", "alpha", "beta", "gamma"))
+    lines.append("")
+    lines.append("[calibration]")
+    lines.extend(f"{k} = {_toml_value(v)}" for k, v in calibration.items() if v is not None)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p

@@ -1,0 +1,177 @@
+"""Threshold-free document statistics: the bits of SPEC §3 for any (T, α, β, γ) from one model pass.
+
+Per (layer, head) of a document, one pass over `prefix ‖ doc` keeps
+
+- `tile_max` [P, P] at a base tile size T0: the largest causal probability in each T0×T0 tile (-1 where a tile
+  has no causal cell). The LA bit at threshold α is `tile_max >= α`; at a coarser T = k·T0 it is the max over the
+  k×k sub-tiles (tiles are aligned to the document start at every size);
+- `page_conc` [nβ, P] at T0: for each β of a fixed list, the largest key concentration c_j (share of the
+  queries that see key j with A ≥ β) in each page. The CA bit at (β, γ) is `page_conc > γ`; at coarser T the max
+  over the k pages.
+
+So a sweep over α and γ (and T, and the listed β values) needs no further model pass. `derive_bits` turns the
+statistics into exactly the bits `profile.profile_batch` would store (the tests compare them).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..bits import n_pages, pack_doc
+from ..profile import plan_batches
+
+ATTN_NAME = "sift_eval_stats"
+_state = threading.local()
+
+
+@dataclass
+class DocStats:
+    n_tokens: int
+    tile: int  # base tile T0
+    betas: tuple[float, ...]
+    tile_max: torch.Tensor  # fp32 [L, H, P, P]
+    page_conc: torch.Tensor  # fp32 [nβ, L, H, P]
+
+
+def doc_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
+              betas: tuple[float, ...], budget: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """tile_max [H, P, P] and page_conc [nβ, H, P] of one document (q [H, S, D], k [H_kv, S, D], post-RoPE)."""
+    H = q.shape[0]
+    group = H // k.shape[0]
+    T, P, S = tile, n_pages(n_doc, tile), prefix_len + n_doc
+    dev = q.device
+    tmax = torch.full((H, P, P), -1.0, device=dev)
+    counts = torch.zeros(len(betas), H, n_doc, dtype=torch.int32, device=dev)
+    per_head_row = 16 * S
+    heads = max(1, min(H, budget // (per_head_row * T)))
+    rows = max(T, (budget // (per_head_row * heads)) // T * T)
+    key_pos = torch.arange(S, device=dev)
+    for h0 in range(0, H, heads):
+        h1 = min(H, h0 + heads)
+        qh = q[h0:h1, prefix_len:S].float()
+        kh = k[torch.arange(h0, h1, device=dev) // group, :S].float()
+        for r0 in range(0, n_doc, rows):
+            r1 = min(n_doc, r0 + rows)
+            R, K = r1 - r0, prefix_len + r1
+            scores = torch.matmul(qh[:, r0:r1], kh[:, :K].transpose(1, 2)).mul_(scale)
+            causal = key_pos[None, :K] <= (prefix_len + r0 + torch.arange(R, device=dev))[:, None]
+            scores.masked_fill_(~causal, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            del scores
+            dp = probs[:, :, prefix_len:].masked_fill(~causal[None, :, prefix_len:], -1.0)
+            rows_pad, cols_pad = -(-R // T) * T, -(-r1 // T) * T
+            dp = F.pad(dp, (0, cols_pad - r1, 0, rows_pad - R), value=-1.0)
+            tm = dp.view(h1 - h0, rows_pad // T, T, cols_pad // T, T).amax(dim=(2, 4))
+            tmax[h0:h1, r0 // T: r0 // T + rows_pad // T, : cols_pad // T] = tm
+            doc = probs[:, :, prefix_len:]
+            for bi, beta in enumerate(betas):
+                high = doc >= beta
+                if beta <= 0:
+                    high &= causal[None, :, prefix_len:]
+                counts[bi, h0:h1, :r1] += high.sum(1, dtype=torch.int32)
+            del probs, dp, doc
+    visible = (n_doc - torch.arange(n_doc, device=dev)).float()
+    conc = counts.float() / visible  # [nβ, H, n] — the same expression profile.py compares with γ
+    conc = F.pad(conc, (0, P * T - n_doc), value=-1.0).view(len(betas), H, P, T).amax(-1)
+    return tmax, conc
+
+
+@dataclass
+class _State:
+    prefix_len: int
+    lengths: list[int]
+    tile: int
+    betas: tuple[float, ...]
+    budget: int
+    tmax: list
+    conc: list
+
+
+def _stats_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    st: _State = _state.current
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    group = query.shape[1] // key.shape[1]
+    out = F.scaled_dot_product_attention(
+        query, key.repeat_interleave(group, dim=1) if group > 1 else key,
+        value.repeat_interleave(group, dim=1) if group > 1 else value, is_causal=query.shape[2] > 1, scale=scaling)
+    for b, n in enumerate(st.lengths):
+        tm, pc = doc_stats(query[b], key[b], st.prefix_len, n, scaling, st.tile, st.betas, st.budget)
+        st.tmax[b][module.layer_idx] = tm.cpu()
+        st.conc[b][module.layer_idx] = pc.cpu()
+    return out.transpose(1, 2).contiguous(), None
+
+
+@torch.inference_mode()
+def collect_stats(model, prefix_ids: list[int], docs: list[list[int]], tile: int, betas: tuple[float, ...],
+                  batch_tokens: int = 16384, budget: int = 256 << 20, progress=None) -> list[DocStats]:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _stats_attention)
+    device = next(model.parameters()).device
+    L = model.config.num_hidden_layers
+    out: list[DocStats | None] = [None] * len(docs)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTN_NAME)
+    done = 0
+    try:
+        for batch in plan_batches([len(d) for d in docs], len(prefix_ids), batch_tokens):
+            longest = len(prefix_ids) + max(len(docs[i]) for i in batch)
+            ids = torch.zeros(len(batch), longest, dtype=torch.long)
+            for row, i in enumerate(batch):
+                ids[row, : len(prefix_ids) + len(docs[i])] = torch.tensor(list(prefix_ids) + list(docs[i]))
+            st = _State(len(prefix_ids), [len(docs[i]) for i in batch], tile, tuple(betas), budget,
+                        [[None] * L for _ in batch], [[None] * L for _ in batch])
+            _state.current = st
+            getattr(model, "model", model)(input_ids=ids.to(device), use_cache=False)
+            for row, i in enumerate(batch):
+                out[i] = DocStats(len(docs[i]), tile, tuple(betas), torch.stack(st.tmax[row]),
+                                  torch.stack(st.conc[row], dim=1))
+            done += sum(len(docs[i]) for i in batch)
+            if progress:
+                progress(done, sum(map(len, docs)))
+    finally:
+        _state.current = None
+        model.set_attn_implementation(previous)
+    return out
+
+
+def derive_bits(st: DocStats, tile: int, alpha: float, beta: float, gamma: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(LA bool [L, H, P, P], CA bool [L, H, P]) at (tile, α, β, γ); tile a multiple of the base tile, β one of
+    the collected betas."""
+    if tile % st.tile:
+        raise ValueError(f"tile {tile} is not a multiple of the base tile {st.tile}")
+    try:
+        bi = st.betas.index(beta)
+    except ValueError:
+        raise ValueError(f"beta {beta} was not collected (have {st.betas})") from None
+    f = tile // st.tile
+    P0 = st.tile_max.shape[-1]
+    P = n_pages(st.n_tokens, tile)
+    tm, pc = st.tile_max, st.page_conc[bi]
+    if f > 1:
+        pad = P * f - P0
+        tm = F.pad(tm, (0, pad, 0, pad), value=-1.0)
+        tm = tm.view(*tm.shape[:2], P, f, P, f).amax(dim=(3, 5))
+        pc = F.pad(pc, (0, pad), value=-1.0).view(*pc.shape[:2], P, f).amax(-1)
+    tril = torch.ones(P, P, dtype=torch.bool).tril()
+    la = (tm >= alpha) & tril
+    la[..., torch.arange(P), torch.arange(P)] = True
+    ca = pc > gamma
+    return la, ca
+
+
+def packed_bits(stats: list[DocStats], tile: int, alpha: float, beta: float, gamma: float
+                ) -> tuple[list[bytes], list[bytes]]:
+    la_blobs, ca_blobs = [], []
+    for st in stats:
+        la, ca = derive_bits(st, tile, alpha, beta, gamma)
+        a, c = pack_doc(la, ca)
+        la_blobs.append(a)
+        ca_blobs.append(c)
+    return la_blobs, ca_blobs

@@ -1,0 +1,118 @@
+"""Pure pieces of the evaluation: answer scoring, QA records, the sift.toml config, storage arithmetic, energy."""
+
+import json
+import math
+
+import pytest
+
+from sift_cli.errors import SiftError
+from sift_cli.eval.config import BUILTIN, profile_defaults, read_config, write_config
+from sift_cli.eval.qa import (answer_correct, ctx_id, normalize_answer, read_qa_records, records_prompt_set,
+                              summarize_qa, truncate_ctxs)
+from sift_cli.eval.storage import crossover_tokens, kv_bytes, model_table, prompt_table, sift_bytes
+
+
+def test_lost_in_the_middle_scoring():
+    assert normalize_answer("The  Wilhelm Conrad Röntgen!") == "wilhelm conrad röntgen"
+    assert answer_correct("It was Wilhelm Conrad Röntgen, in 1901.", ["Wilhelm Conrad Röntgen"])
+    assert answer_correct("an apple", ["The Apple"])
+    assert not answer_correct("Marie Curie", ["Wilhelm Conrad Röntgen", "Röntgen"])
+    assert not answer_correct("anything", ["", "  "])  # empty gold answers never match
+
+
+def _rec(i, n=4, gold=2):
+    return {"question": f"q{i}?", "answers": [f"a{i}"],
+            "ctxs": [{"title": f"t{j}", "text": f"text {i}-{j}", "isgold": j == gold} for j in range(n)]}
+
+
+def test_records_io_truncation_and_dedupe(tmp_path):
+    p = tmp_path / "r.jsonl"
+    recs = [_rec(0), _rec(1)]
+    recs[1]["ctxs"][0] = dict(recs[0]["ctxs"][0])  # a context shared by two questions
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    got = read_qa_records(p)
+    assert len(got) == 2
+    lst = tmp_path / "r.json"
+    lst.write_text(json.dumps(recs))
+    assert read_qa_records(lst) == got
+    ps = records_prompt_set(got, "t")
+    assert len(ps.used_docs()) == 7 and ps.prompts[0].doc_ids[0] == ps.prompts[1].doc_ids[0]
+    assert ps.docs[ctx_id(recs[0]["ctxs"][1])].text == "Title: t1\ntext 0-1\n\n"
+    short = truncate_ctxs(_rec(5, n=6, gold=4), 3)
+    assert len(short) == 3 and short[-1]["isgold"]
+    assert truncate_ctxs(_rec(5, n=6, gold=1), 3)[1]["isgold"]
+    for bad, msg in (('{"question": "q"}', "expected"), ("{nope", "invalid JSON"),
+                     ('{"question": "q", "answers": [], "ctxs": [{"text": "x"}]}', "answers"),
+                     ('{"question": "q", "answers": ["a"], "ctxs": [{"text": ""}]}', "non-empty")):
+        f = tmp_path / "bad.jsonl"
+        f.write_text(bad + "\n")
+        with pytest.raises(SiftError, match=msg):
+            read_qa_records(f)
+    with pytest.raises(SiftError, match="not found"):
+        read_qa_records(tmp_path / "missing.jsonl")
+
+
+def test_qa_summary():
+    def item(correct, same, first, kl):
+        return {"modes": {"full": {"correct": True, "same_as_full": True, "first_token_same": True, "kl": 0.0,
+                                   "ttft_ms": 10.0},
+                          "sift": {"correct": correct, "same_as_full": same, "first_token_same": first, "kl": kl,
+                                   "ttft_ms": 5.0, "cell_density": 0.5}}}
+
+    s = summarize_qa([item(True, True, True, 0.1), item(False, False, True, 0.3)], ("full", "sift"))
+    assert s["sift"]["accuracy"] == 0.5 and s["sift"]["first_token_agreement"] == 1.0
+    assert s["sift"]["kl_mean"] == pytest.approx(0.2) and s["sift"]["accuracy_minus_full"] == -0.5
+    assert s["sift"]["cell_density_mean"] == 0.5
+
+
+def test_config_round_trip_and_precedence(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SIFT_CONFIG", raising=False)
+    assert profile_defaults()["source"] == "built-in defaults"
+    p = write_config(tmp_path / "sift.toml", {"tile": 32, "alpha": 0.003, "beta": 0.01, "gamma": 0.3},
+                     {"model": 'my "model"', "weights": "sha256:abc", "density": 0.5}, "a comment\nline two")
+    d = profile_defaults()  # ./sift.toml is found
+    assert (d["tile"], d["alpha"], d["beta"], d["gamma"]) == (32, 0.003, 0.01, 0.3) and d["source"] == str(p)
+    assert read_config(p)["calibration"]["model"] == 'my "model"'
+
+    class LM:
+        fingerprint = "sha256:other"
+
+    assert "calibrated for weights" in profile_defaults(lm=LM())["warning"]
+    other = write_config(tmp_path / "x" / "other.toml", dict(BUILTIN, tile=128), {})
+    monkeypatch.setenv("SIFT_CONFIG", str(other))
+    assert profile_defaults()["tile"] == 128
+    assert profile_defaults(p)["tile"] == 32  # an explicit path wins
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[profile]\ntile = 64\ndelta = 1\n")
+    with pytest.raises(SiftError, match="unknown key"):
+        profile_defaults(bad)
+    with pytest.raises(SiftError, match="not found"):
+        profile_defaults(tmp_path / "nope.toml")
+
+
+def test_storage_arithmetic_matches_the_paper():
+    # Llama-3-8B, 1K-token document, T = 128: P = 8 → LA 36 bits (5 bytes), CA 8 bits (1 byte)
+    assert sift_bytes(1024, 32, 32, 128) == 6 * 1024
+    assert kv_bytes(1024, 32, 8, 128) == 1024 * 131072
+    row = [r for r in model_table({"Llama-3-8B": (32, 32, 8, 128)}, (1024,), 128)][0]
+    assert round(row["kv_over_sift"]) == 21845 and round(row["kv_over_sift_unpadded"]) == 23831  # paper: ~24,000×
+    cross = crossover_tokens(32, 32, 8, 128, 128, padded=False)
+    assert 33.0e6 < cross < 34.0e6  # paper: equal at 33.6M tokens
+    mb = {r["prompt_tokens"]: r["sift_bytes"] / 1e6 for r in prompt_table({"Llama-3-8B": (32, 32, 8, 128)})}
+    assert [round(mb[k], 1) for k in (15360, 32768, 65536)] == [1.1, 2.3, 4.6]  # paper: 1.0 / 2.5 / 4.5 MB
+    assert math.isclose(sift_bytes(100, 1, 1, 64, padded=False), (2 * 3 / 2 + 2) / 8)
+
+
+def test_energy_metrics_and_meter_without_nvml(monkeypatch):
+    import sys
+
+    from sift_cli.bench.prefill import EnergyMeter, energy_metrics
+
+    e = energy_metrics(200.0, 50.0, 8192)
+    assert e["tokens_per_j"] == pytest.approx(163.84) and e["edp"] == pytest.approx(10.0)
+    assert e["ed2p"] == pytest.approx(2.0)
+    assert energy_metrics(1.0, None, 1)["energy_j"] is None
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    m = EnergyMeter()
+    assert not m.available and "NVML" in m.reason
