@@ -131,6 +131,32 @@ def test_profile_batch_triton_equals_brute_force(interpret, tile):
             assert (fast.ca_pages[layer].numpy() == ca).all(), f"CA layer {layer}"
 
 
+@pytest.mark.slow
+def test_profile_corpus_same_shards_with_either_statistics_path(interpret, tmp_path, tiny_lm):
+    """Same bits, same shards: the whole job with --stats triton writes byte-identical shard files."""
+    import filecmp
+
+    from sift_cli.job import profile_corpus
+    from sift_cli.shards import list_parts
+
+    from .helpers import TRAINING_TEXT
+
+    if GPU:
+        pytest.skip("CPU model")
+    small_corpus = tmp_path / "corpus"
+    small_corpus.mkdir()
+    for i in range(5):
+        (small_corpus / f"d{i}.txt").write_text(" ".join(TRAINING_TEXT[i: i + 1 + i % 3]))
+    a, b = tmp_path / "torch", tmp_path / "triton"
+    profile_corpus(small_corpus, a, tiny_lm, ProfileConfig(tile=16, batch_tokens=2048, stats="torch"), num_shards=3)
+    profile_corpus(small_corpus, b, tiny_lm, ProfileConfig(tile=16, batch_tokens=2048, stats="triton"),
+                   num_shards=3)
+    names = sorted(p.name for p in list_parts(a))
+    assert names == sorted(p.name for p in list_parts(b)) and len(names) == 3
+    for n in names:
+        assert filecmp.cmp(a / n, b / n, shallow=False), n
+
+
 def test_stats_option_resolution(monkeypatch):
     if GPU:
         pytest.skip("CPU behaviour")
