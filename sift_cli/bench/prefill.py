@@ -234,7 +234,7 @@ class EnergyMeter:
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device_index))
         except Exception as exc:  # ImportError, NVMLError
             self.nvml = None
             self.reason = f"NVML unavailable ({type(exc).__name__}: {exc}); pip install nvidia-ml-py"
@@ -289,6 +289,16 @@ class EnergyMeter:
                "joules_per_run": joules / runs if joules is not None else None,
                "counter_joules_per_run": (c1 - c0) / 1e3 / runs if c0 is not None and c1 is not None else None}
         return out
+
+
+def _nvml_index(cuda_index: int) -> int:
+    """NVML counts every GPU of the host; CUDA only the visible ones, in CUDA_VISIBLE_DEVICES order."""
+    import os
+
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if cuda_index < len(visible) and visible[cuda_index].isdigit():
+        return int(visible[cuda_index])
+    return cuda_index
 
 
 def energy_metrics(ttft_ms: float, joules: float | None, tokens: int) -> dict:
@@ -385,8 +395,9 @@ def _prompt(case: Case):
 def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",), repeat: int = 3,
              warmup: int = 1, energy: bool = True, block_m: int = 128, block_n: int = 64, ratio: float = 0.15,
              ssd_gbps: float = 3.8, host_kv: HostKV | None = None, dense_kernel: str = "cudnn",
-             log=print) -> list[dict]:
-    """Rows (one per mode) for one prompt length."""
+             log=print, baseline: tuple[float, float] | None = None) -> list[dict]:
+    """Rows (one per mode) for one prompt length. baseline: (full ms, no-attention ms) measured earlier on the
+    same model and length — full recompute is then not re-run."""
     from ..attention import get_backend
     from ..decode import cell_density
     from ..eval.kvreuse import blend_forward, inv_freq_of
@@ -417,40 +428,44 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
         row.update(energy_metrics(row["ttft_ms"], e["joules_per_run"], L))
         row["energy"] = e
 
-    # full recompute
-    kernel = dense_kernel if dev.type == "cuda" else "default"
-    impl = None
-    with torch.inference_mode():
-        for attempt in ((kernel, None), (kernel, DENSE_EXPANDED), ("default", None)):
-            try:
-                with _sdpa_pin(dev, attempt[0]), (_Impl(model, attempt[1]) if attempt[1] else _null()):
-                    forward()
-                    _sync(dev)
-                kernel, impl = attempt
-                break
-            except RuntimeError as exc:
-                log(f"  dense SDPA with {attempt}: {str(exc).splitlines()[0][:120]}")
-                torch.cuda.empty_cache() if dev.type == "cuda" else None
-
-        def dense():
-            with _sdpa_pin(dev, kernel), (_Impl(model, impl) if impl else _null()):
-                forward()
-
-        full_runs = timed(dense, dev, repeat, max(0, warmup - 1))
-        full = statistics.median(full_runs)
-        row = {**base, "mode": "full", "ttft_ms": full, "runs_ms": full_runs,
-               "dense_kernel": f"sdpa-{kernel}" + (" (K/V expanded)" if impl else "")}
-        add_energy(row, dense)
-        rows.append(row)
-        log(f"  {L:>6} full        {full:9.1f} ms  ({row['dense_kernel']})")
-
-        with _Impl(model, NOATTN):
-            rest_runs = timed(forward, dev, repeat, warmup)
-        rest = statistics.median(rest_runs)
-        rows.append({**base, "mode": "no-attention", "ttft_ms": rest, "runs_ms": rest_runs})
+    if baseline is not None:
+        full, rest = baseline
         attn_full = max(0.0, full - rest)
-        row.update(attention_ms=attn_full, other_ms=rest, attention_share=attn_full / full if full else None)
-        log(f"  {L:>6} no-attention {rest:8.1f} ms  → attention {attn_full:.1f} ms ({100 * attn_full / full:.0f}%)")
+    else:
+        # full recompute
+        kernel = dense_kernel if dev.type == "cuda" else "default"
+        impl = None
+        with torch.inference_mode():
+            for attempt in ((kernel, None), (kernel, DENSE_EXPANDED), ("default", None)):
+                try:
+                    with _sdpa_pin(dev, attempt[0]), (_Impl(model, attempt[1]) if attempt[1] else _null()):
+                        forward()
+                        _sync(dev)
+                    kernel, impl = attempt
+                    break
+                except RuntimeError as exc:
+                    log(f"  dense SDPA with {attempt}: {str(exc).splitlines()[0][:120]}")
+                    torch.cuda.empty_cache() if dev.type == "cuda" else None
+
+            def dense():
+                with _sdpa_pin(dev, kernel), (_Impl(model, impl) if impl else _null()):
+                    forward()
+
+            full_runs = timed(dense, dev, repeat, max(0, warmup - 1))
+            full = statistics.median(full_runs)
+            row = {**base, "mode": "full", "ttft_ms": full, "runs_ms": full_runs,
+                   "dense_kernel": f"sdpa-{kernel}" + (" (K/V expanded)" if impl else "")}
+            add_energy(row, dense)
+            rows.append(row)
+            log(f"  {L:>6} full        {full:9.1f} ms  ({row['dense_kernel']})")
+
+            with _Impl(model, NOATTN):
+                rest_runs = timed(forward, dev, repeat, warmup)
+            rest = statistics.median(rest_runs)
+            rows.append({**base, "mode": "no-attention", "ttft_ms": rest, "runs_ms": rest_runs})
+            attn_full = max(0.0, full - rest)
+            row.update(attention_ms=attn_full, other_ms=rest, attention_share=attn_full / full if full else None)
+            log(f"  {L:>6} no-attention {rest:8.1f} ms  → attention {attn_full:.1f} ms ({100 * attn_full / full:.0f}%)")
 
     if "sift" in modes:
         prompt = _prompt(case)
@@ -597,10 +612,11 @@ def require_gpu(cpu_smoke: bool) -> torch.device:
 
 
 def llama_cases(lengths, pattern: str = "paper", doc_tokens: int = 2048, tile: int = 64, sources=None,
-                device="cuda", overrides: dict | None = None, seed: int = 0):
-    """Yield (case) for the 8B-shaped model at each length (the model is built once)."""
-    lm = llama3_8b_shaped(device, torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32,
-                          overrides, seed)
+                device="cuda", overrides: dict | None = None, seed: int = 0, lm=None):
+    """Yield a Case for the 8B-shaped model at each length (the model is built once, or `lm` is reused)."""
+    if lm is None:
+        lm = llama3_8b_shaped(device, torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32,
+                              overrides, seed)
     g = torch.Generator().manual_seed(seed)
     for L in lengths:
         lay = synthetic_layout(L, doc_tokens)
