@@ -33,6 +33,15 @@ def decode_all_layers(bits: PromptBits, n_layers: int, block_m: int, block_n: in
     return [decode_layer(bits, layer, block_m, block_n) for layer in range(n_layers)]
 
 
+def choose_decoder(device: torch.device) -> str:
+    """The CUDA decode kernel wherever it can run (any backend reads its lists), else the PyTorch decoder."""
+    if device.type != "cuda":
+        return "torch"
+    from .attention.cuda import CudaBackend
+
+    return "cuda" if CudaBackend.available(device)[0] else "torch"
+
+
 @dataclass
 class SparseRun:
     logits: torch.Tensor  # fp32 [vocab] at the last position
@@ -113,7 +122,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, backend_name: str = "auto", rep
                 max_new_tokens: int = 16, block_m: int = 128, block_n: int = 64, warmup: int = 1) -> dict:
     """Dense and SIFT prefill of `prompt`, side by side; returns the report as a plain dict."""
     backend = get_backend(backend_name, lm.device)
-    decoder = "cuda" if backend.name == "cuda" else "torch"
+    decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
     for _ in range(max(0, warmup)):  # compile / autotune / allocate outside the timed runs
         dense_prefill(lm, ids)
