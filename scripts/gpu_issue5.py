@@ -276,7 +276,7 @@ def main():
     if args.smoke:
         llama_config = dict(bp.LLAMA3_8B_CONFIG, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=5000,
-                            max_position_embeddings=512)
+                            max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
     plan = [("nq", {"nq_docs": 100 if args.smoke else 300 if args.quick else 1000}),
             ("essays", {"essay_docs": 3 if args.smoke else 8 if args.quick else 50}),
             ("8b-2k", {"llama_docs": {"8b-2k": 2 if args.smoke else 4 if args.quick else 16}}),

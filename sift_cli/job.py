@@ -7,7 +7,10 @@ run writes exactly the bytes an uninterrupted one would.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
@@ -92,11 +95,21 @@ def check_compatible(out: Path, meta: dict) -> int | None:
     return int(existing.meta["sift.num_shards"])
 
 
-def tokenize_documents(tokenizer, docs: list[Document], chunk: int = 512) -> list[list[int]]:
+def tokenize_documents(tokenizer, docs: list[Document], chunk: int = 4096) -> list[list[int]]:
+    """Token ids of each document; a fast tokenizer encodes each chunk on all cores (the profile job does not fork
+    afterwards, so the fork-safety default of TOKENIZERS_PARALLELISM=false is lifted for the call)."""
     out = []
-    for i in range(0, len(docs), chunk):
-        enc = tokenizer([d.text for d in docs[i: i + chunk]], add_special_tokens=False)
-        out.extend(list(ids) for ids in enc["input_ids"])
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        for i in range(0, len(docs), chunk):
+            enc = tokenizer([d.text for d in docs[i: i + chunk]], add_special_tokens=False)
+            out.extend(list(ids) for ids in enc["input_ids"])
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
     return out
 
 
@@ -169,22 +182,31 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
         from .workers import BucketClaims
 
         claim = BucketClaims(out)
-    for wait in (False, True):  # first the free buckets; then wait for those another process was holding
-        busy = []
-        for s, keep, skipped in plans:
-            with claim(s, wait) as mine:
-                if not mine:
-                    busy.append((s, keep, skipped))
-                    continue
-                done = _finished(out / part_name(s), {d.doc_id for d, _ in keep} | set(skipped))
-                if done is not None:  # finished by another worker meanwhile
-                    report.shards_reused += 1
-                    report.reused += done
-                    done_tokens += sum(len(t) for _, t in keep)
-                    continue
-                done_tokens = _profile_shard(out, s, keep, skipped, lm, cfg, prefix_ids, meta, report, progress,
-                                             done_tokens, total_tokens)
-        plans = busy
+    writer = _ShardWriter()
+    try:
+        for wait in (False, True):  # first the free buckets; then wait for those another process was holding
+            busy = []
+            for s, keep, skipped in plans:
+                with contextlib.ExitStack() as held:
+                    if not held.enter_context(claim(s, wait)):
+                        busy.append((s, keep, skipped))
+                        continue
+                    done = _finished(out / part_name(s), {d.doc_id for d, _ in keep} | set(skipped))
+                    if done is not None:  # finished by another worker meanwhile
+                        report.shards_reused += 1
+                        report.reused += done
+                        done_tokens += sum(len(t) for _, t in keep)
+                        continue
+                    rows, done_tokens = _profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens)
+                    shard_meta = {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped)}
+                    # written on the writer thread; the claim is released there once the file is in place
+                    writer.submit(lambda p=out / part_name(s), r=rows, m=shard_meta: write_shard(p, r, m), held)
+                    report.shards_written += 1
+                    report.profiled += len(rows)
+                    report.tokens += sum(len(t) for _, t in keep)
+            plans = busy
+    finally:
+        writer.close()  # re-raises a failed write
 
     if write_index and all((out / part_name(s)).is_file() for s in range(num_shards)):
         report.manifest = str(write_manifest(out))
@@ -192,9 +214,8 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
     return report
 
 
-def _profile_shard(out: Path, s: int, keep, skipped, lm, cfg, prefix_ids, meta, report, progress, done_tokens,
-                   total_tokens) -> int:
-    """Profile one bucket's documents and write its shard file (atomically); returns the tokens done so far."""
+def _profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens) -> tuple[list[dict], int]:
+    """Profile one bucket's documents: its shard rows, and the tokens done so far."""
     rows = []
     lengths = [len(t) for _, t in keep]
     for batch in plan_batches(lengths, len(prefix_ids), cfg.batch_tokens):
@@ -208,11 +229,43 @@ def _profile_shard(out: Path, s: int, keep, skipped, lm, cfg, prefix_ids, meta, 
             done_tokens += len(tokens)
         if progress:
             progress(done_tokens, total_tokens)
-    write_shard(out / part_name(s), rows, {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped)})
-    report.shards_written += 1
-    report.profiled += len(rows)
-    report.tokens += sum(lengths)
-    return done_tokens
+    return rows, done_tokens
+
+
+class _ShardWriter:
+    """Writes finished shards on one background thread (Parquet encoding and ZSTD release the GIL) while the next
+    bucket is profiled; at most one write in flight. The bucket's claim (`held`, an ExitStack) moves to the writer
+    and is released after the write, whether it succeeded or not; a failed write is re-raised by the next submit
+    (before that bucket's claim moves, so its with-block still releases it) or by close."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sift-shard-writer")
+        self._pending = None
+
+    def submit(self, write: Callable[[], None], held: contextlib.ExitStack) -> None:
+        self.wait()
+        release = held.pop_all()
+
+        def task():
+            with release:
+                write()
+
+        try:
+            self._pending = self._pool.submit(task)
+        except BaseException:
+            release.close()
+            raise
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def _finished(path: Path, expected_ids: set[str]) -> int | None:

@@ -69,8 +69,8 @@ def _thresholds_kernel(Q, K, TA, TB, LENS,
                        prefix_len, scale, ln_alpha, ln_beta, H, GROUP, D,
                        KEYS_MAX: tl.constexpr, DYNAMIC_LOOPS: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)  # (doc, head) on axis 0: up to 2^31 programs; blocks on axis 1 (≤ 65535)
+    pid_m = tl.program_id(1)
     b = bh // H
     h = bh % H
     hk = h // GROUP
@@ -106,8 +106,8 @@ def _stats_kernel(Q, K, TA, TB, LENS, LA, CNT,
                   prefix_len, scale, H, GROUP, D,
                   ROWS_MAX: tl.constexpr, DYNAMIC_LOOPS: tl.constexpr, T: tl.constexpr, TSUB: tl.constexpr,
                   BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
     b = bh // H
     h = bh % H
     hk = h // GROUP
@@ -190,7 +190,7 @@ def row_thresholds(q: torch.Tensor, k: torch.Tensor, prefix_len: int, lengths: t
     ln_b = math.log(beta) if beta > 0 else float("-inf")
     interp = interpreting()
     thresholds, _ = _jitted(interp)
-    grid = (-(-n_max // BLOCK), B * H)
+    grid = (B * H, -(-n_max // BLOCK))
     thresholds[grid](q, k, ta, tb, lens,
                      q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                      ta.stride(0), ta.stride(1),
@@ -250,7 +250,7 @@ def batch_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, leng
     cnt = torch.zeros(B, H, n_max, dtype=torch.int32, device=dev)
     interp = interpreting()
     _, stats = _jitted(interp)
-    grid = (-(-n_max // BLOCK), B * H)
+    grid = (B * H, -(-n_max // BLOCK))
     stats[grid](q, k, ta, tb, lens, la, cnt,
                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                 ta.stride(0), ta.stride(1), la.stride(0), la.stride(1), la.stride(2), cnt.stride(0), cnt.stride(1),

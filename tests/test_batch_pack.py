@@ -35,3 +35,19 @@ def test_ca_density_division_matches_torch_mean():
             x = torch.zeros(n, dtype=torch.bool)
             x[:c] = True
             assert float(x.float().mean()) == float(np.float32(c) / np.float32(n))
+
+
+@pytest.mark.gpu
+def test_batch_packing_on_the_gpu_equals_per_document():
+    g = torch.Generator().manual_seed(0)
+    lengths = [8191, 3000, 64, 65, 1]
+    L, H, tile = 4, 32, 64
+    P = -(-max(lengths) // tile)
+    la = (torch.rand(5, L, H, P, P, generator=g) > 0.6) & torch.ones(P, P, dtype=torch.bool).tril()
+    ca = torch.rand(5, L, H, P, generator=g) > 0.85
+    docs = _batch_doc_bits(la.cuda(), ca.cuda(), lengths, tile)
+    for b, (d, n) in enumerate(zip(docs, lengths)):
+        p = -(-n // tile)
+        ref = DocBits(la[b, :, :, :p, :p], ca[b, :, :, :p])
+        assert d.pack() == ref.pack()
+        assert d.la_density() == ref.la_density() and d.ca_density() == ref.ca_density()

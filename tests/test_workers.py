@@ -330,3 +330,20 @@ def test_clean_leftovers_keeps_held_locks(tmp_path):
         assert mine
         assert clean_leftovers(tmp_path) == 2
         assert leftovers(tmp_path) == [".part-00007.lock"]
+
+
+def test_claim_is_held_until_the_shard_file_is_in_place(tmp_path, tiny_lm, small_corpus, monkeypatch):
+    """Shards are written on a background thread; the bucket stays claimed until its file is renamed in place."""
+    import sift_cli.job as jobmod
+
+    real_write, seen = jobmod.write_shard, []
+
+    def checking_write(path, rows, meta):
+        seen.append((meta["sift.shard_index"], busy_buckets(path.parent)))
+        real_write(path, rows, meta)
+
+    monkeypatch.setattr(jobmod, "write_shard", checking_write)
+    profile_corpus(small_corpus, tmp_path / "o", tiny_lm, CFG, num_shards=3)
+    assert sorted(s for s, _ in seen) == [0, 1, 2]
+    assert all(s in busy for s, busy in seen)
+    assert busy_buckets(tmp_path / "o") == [] and leftovers(tmp_path / "o") == []
