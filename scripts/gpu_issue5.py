@@ -224,6 +224,7 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: torch stats only, a tiny Llama "
                                                           "instead of the 8B, no kernel timing")
     ap.add_argument("--skip-bits", action="store_true", help="skip part 1 (bits check)")
+    ap.add_argument("--cases", default="nq,essays,8b-2k,8b-8k", help="bench cases to run (comma-separated)")
     args = ap.parse_args()
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
@@ -282,7 +283,10 @@ def main():
             ("8b-2k", {"llama_docs": {"8b-2k": 2 if args.smoke else 4 if args.quick else 16}}),
             ("8b-8k", {"llama_docs": {"8b-8k": 1 if args.quick else 4}})]
     llama = None
+    wanted = set(args.cases.split(","))
     for case, kw in plan:
+        if case not in wanted:
+            continue
         if elapsed() > args.budget_s:
             rows.append({"model": "", "case": case, "error": f"skipped: time budget ({args.budget_s:.0f} s) spent"})
             continue
