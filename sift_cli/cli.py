@@ -384,6 +384,27 @@ def bench_kernels(
         out.print(kb.render(rows))
 
 
+@bench_app.command("profile")
+def bench_profile(
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the NQ file and essays "
+                                                                       "(default: $SIFT_DATA_DIR)"),
+    device: str = typer.Option("cuda", "--device"),
+    quick: bool = typer.Option(False, "--quick", help="fewer documents per case"),
+    cases: str = typer.Option("nq,essays,8b-2k,8b-8k", "--cases", help="comma-separated subset"),
+    as_json: bool = JsonOpt,
+):
+    """Dense prefill vs the whole `sift profile` run (each statistics path) on the same documents."""
+    from .bench import profile as bp
+
+    rows = bp.run_profile_bench(data_dir=data_dir, device=device, quick=quick,
+                                cases=tuple(c.strip() for c in cases.split(",") if c.strip()),
+                                log=(lambda *a, **k: None) if as_json else (lambda m: err.print(escape(str(m)))))
+    if as_json:
+        print_json(rows)
+    else:
+        out.print(bp.render(rows))
+
+
 @app.command("sample-corpus")
 def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):
     """Write the built-in sample corpus (Python standard-library documentation) to a directory."""
