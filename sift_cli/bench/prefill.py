@@ -480,7 +480,7 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
                 from ..eval.fastref import BandedReferenceBackend
 
                 backend = BandedReferenceBackend()
-            decoder = "cuda" if backend.name == "cuda" else "torch"
+            decoder = "cuda" if (backend.name == "cuda" or _cuda_decoder_ok(dev)) else "torch"
             runs = []
             for i in range(warmup + repeat):
                 r = sparse_prefill(lm, prompt, backend, ids, block_m, block_n, decoder)
@@ -582,6 +582,18 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
+
+
+def _cuda_decoder_ok(dev) -> bool:
+    """The bit-vector decode kernel runs on any backend's behalf where the CUDA backend could run (Hopper + CuPy)."""
+    if dev.type != "cuda":
+        return False
+    try:
+        from ..attention.cuda import CudaBackend
+
+        return CudaBackend.available(dev)[0]
+    except Exception:
+        return False
 
 
 class _null:
