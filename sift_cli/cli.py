@@ -208,7 +208,7 @@ def inspect(
     out.print(f"  metadata {human_bytes(s['metadata_bytes'])} ({human_bytes(s['shard_bytes_on_disk'])} on disk "
               f"with tokens) vs KV cache {human_bytes(s['kv_cache_bytes_bf16'])} (bf16): "
               f"{s['kv_to_metadata_ratio'] or 0:,.0f}× smaller")
-    table = Table(title="per layer (mean over heads, [min..max])", show_edge=False)
+    table = Table(title=escape("per layer (mean over heads, [min..max])"), show_edge=False)
     for col in ("layer", "LA density", "LA spread", "CA density", "CA spread"):
         table.add_column(col, justify="right")
     for r in s["per_layer"]:
@@ -341,6 +341,9 @@ def render_prefill(r: dict, question: str) -> None:
               f"({pct(r['decode_share_of_ttft'])} of SIFT TTFT)   first token "
               f"{'same' if r['first_token_match'] else 'DIFFERENT'}   KL {r['kl']:.2e}   "
               f"max |Δlogit| {r['max_abs_logit_diff']:.3f}")
+    if r["backend"] == "reference":
+        out.print("[dim]The reference backend checks correctness; it is not a speed path (it computes every score "
+                  "and masks). Timings that matter need --backend cuda or flex on a GPU.[/]")
 
 
 @app.command("demo-prefill", hidden=True)
