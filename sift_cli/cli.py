@@ -42,10 +42,15 @@ def profile(
                                            "or builtin:stdlib-docs"),
     out_dir: Path = typer.Option(..., "--out", "-o", help="shard directory (created; resumable)"),
     model: Optional[str] = ModelOpt,
-    tile: int = typer.Option(64, "--tile", help="tile/page size T (power of two, 16..256)"),
-    alpha: float = typer.Option(1e-3, "--alpha", help="LA threshold: a tile is kept if any probability >= alpha"),
-    beta: float = typer.Option(1e-2, "--beta", help="CA score threshold"),
-    gamma: float = typer.Option(0.10, "--gamma", help="CA concentration threshold"),
+    tile: Optional[int] = typer.Option(None, "--tile", help="tile/page size T (power of two, 16..256; default 64 "
+                                                            "or sift.toml's)"),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="LA threshold: a tile is kept if any probability "
+                                                                ">= alpha (default 0.001 or sift.toml's)"),
+    beta: Optional[float] = typer.Option(None, "--beta", help="CA score threshold (default 0.01 or sift.toml's)"),
+    gamma: Optional[float] = typer.Option(None, "--gamma", help="CA concentration threshold (default 0.10 or "
+                                                                "sift.toml's)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="thresholds file written by `sift calibrate` "
+                                                                  "(default: $SIFT_CONFIG, else ./sift.toml)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     batch_tokens: int = typer.Option(0, "--batch-tokens", help="padded tokens per forward batch "
@@ -95,6 +100,15 @@ def profile(
         only = owned_shards(num_shards, worker.rank, worker.world_size)
     lm = _load(model, worker_device(device, worker.local_rank), dtype, trust_remote_code, online)
     gpu = lm.device.type == "cuda"
+    from .eval.config import profile_defaults
+
+    defaults = profile_defaults(config, lm)  # flags > sift.toml > built-in
+    if defaults["warning"] and not as_json:
+        err.print(f"[yellow]warning:[/] {escape(defaults['warning'])}")
+    tile = defaults["tile"] if tile is None else tile
+    alpha = defaults["alpha"] if alpha is None else alpha
+    beta = defaults["beta"] if beta is None else beta
+    gamma = defaults["gamma"] if gamma is None else gamma
     cfg = ProfileConfig(tile=tile, alpha=alpha, beta=beta, gamma=gamma,
                         batch_tokens=batch_tokens or (65536 if gpu else 16384),
                         stats_budget_bytes=(2 << 30) if gpu else (256 << 20), stats=stats)
@@ -415,6 +429,15 @@ def sample_corpus(directory: Path = typer.Argument(..., help="where to write the
 
     p = write_sample_corpus(directory)
     out.print(f"wrote {len(list(p.glob('*.txt')))} documents to {p}")
+
+
+# ---- eval, calibrate, bench prefill (sift_cli/cli_eval.py) ------------------------------------------------------
+
+from .cli_eval import bench_prefill, calibrate, eval_app  # noqa: E402  (mounted after the app exists)
+
+app.add_typer(eval_app, name="eval")
+app.command("calibrate")(calibrate)
+bench_app.command("prefill")(bench_prefill)
 
 
 def main() -> None:

@@ -121,3 +121,21 @@ def test_real_process_entry_point(tmp_path, tiny_ckpt, small_corpus):
     assert "Traceback" in debug.stderr
     usage = subprocess.run(exe + ["profile"], capture_output=True, text=True, env=env)
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+def test_profile_reads_thresholds_from_sift_toml(tmp_path, tiny_ckpt, small_corpus, capsys, monkeypatch):
+    """`sift calibrate` writes sift.toml; `sift profile` takes its thresholds unless flags say otherwise."""
+    import pyarrow.parquet as pq
+
+    from sift_cli.shards import decode_metadata
+
+    (tmp_path / "sift.toml").write_text("[profile]\ntile = 32\nalpha = 0.003\nbeta = 0.02\ngamma = 0.2\n")
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = run(capsys, "profile", small_corpus, "--out", tmp_path / "a", "--model", tiny_ckpt,
+                     "--num-shards", 1, "--json")
+    meta = decode_metadata(pq.read_schema(tmp_path / "a" / part_name(0)).metadata)
+    assert code == 0 and (meta["sift.tile_size"], meta["sift.alpha"], meta["sift.gamma"]) == (32, 0.003, 0.2)
+    code, _, _ = run(capsys, "profile", small_corpus, "--out", tmp_path / "b", "--model", tiny_ckpt,
+                     "--num-shards", 1, "--tile", 16, "--json")
+    meta = decode_metadata(pq.read_schema(tmp_path / "b" / part_name(0)).metadata)
+    assert code == 0 and (meta["sift.tile_size"], meta["sift.beta"]) == (16, 0.02)
