@@ -68,16 +68,17 @@ def test_cpu_tensors_are_refused_clearly():
 
 
 def test_flex_block_mask_matches_reference():
-    """The benchmark's FlexAttention mask states the same semantics as the reference (checked eagerly)."""
+    """The flex backend's BlockMask states the same semantics as the reference (checked eagerly)."""
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    from sift_cli.attention.flex import block_mask_from_layout
     from sift_cli.attention.reference import block_sparse_attention
-    from sift_cli.bench.kernels import flex_block_mask, random_block_layout
+    from sift_cli.bench.kernels import random_block_layout
 
     torch.manual_seed(0)
     for L, bn in ((256, 64), (300, 128)):
         lay = random_block_layout(4, L, bn, 0.3, device="cpu")
         q, k, v = torch.randn(4, L, 32), torch.randn(2, L, 32), torch.randn(2, L, 32)
-        out = flex.flex_attention(q[None], k[None], v[None], block_mask=flex_block_mask(lay), scale=0.2,
+        out = flex.flex_attention(q[None], k[None], v[None], block_mask=block_mask_from_layout(lay, exact_mask_mod=True), scale=0.2,
                                   enable_gqa=True)[0]
         ref = block_sparse_attention(q, k, v, lay, 0.2)
         assert float((out - ref).norm() / ref.norm()) < 1e-5

@@ -28,7 +28,10 @@ def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def block_mask_from_layout(layout: BlockLayout):
+def block_mask_from_layout(layout: BlockLayout, exact_mask_mod: bool = False):
+    """BlockMask listing the same blocks. Compiled flex skips unlisted blocks itself, so the mask_mod only states
+    causality; exact_mask_mod also looks each block up, so that eager (uncompiled) flex, which applies only the
+    mask_mod, computes the same function (tests; the captured [H, M, N] tensor is too costly for long prompts)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     dev = layout.offsets.device
@@ -50,8 +53,12 @@ def block_mask_from_layout(layout: BlockLayout):
 
     kv_num, kv_idx = lists(partial)
     full_num, full_idx = lists(full)
+    mask_mod = _causal
+    if exact_mask_mod:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & mask[h, q_idx // BM, kv_idx // BN]
     # compute_q_blocks builds the transposed lists only the backward pass reads: skip it (forward only)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(BM, BN), mask_mod=_causal,
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(BM, BN), mask_mod=mask_mod,
                                     seq_lengths=(L, L), compute_q_blocks=False)
 
 

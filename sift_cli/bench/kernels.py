@@ -117,78 +117,19 @@ def cudnn_dense_fn(q, k, v, scale):
         return run_expanded, "kv expanded"
 
 
-_FLEX = {}
-
-
-def flex_block_mask(layout: BlockLayout, exact_mask_mod: bool = True):
-    """BlockMask with the same blocks: blocks crossing the diagonal go through the causal mask_mod, the others
-    are 'full' blocks (no mask_mod), as our kernel does.
-
-    exact_mask_mod: the mask_mod also looks the block up in the layout, so eager flex (which applies only
-    mask_mod) computes the same function. Compiled flex skips unlisted blocks itself and every partial block is
-    listed, so the benchmark passes False (plain causal; a captured [H, M, N] tensor made flex materialise
-    [H, L, L] at 64K)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    L, bm, bn = layout.seq_len, layout.block_m, layout.block_n
-    mask = layout.dense_mask()  # [H, M, N]
-    H, M, N = mask.shape
-    dev = mask.device
-    q_first = torch.arange(M, device=dev) * bm
-    k_last = torch.arange(N, device=dev) * bn + bn - 1
-    partial_cols = (k_last[None, :] > q_first[:, None])[None]  # block holds a non-causal pair
-    partial = mask & partial_cols
-    full = mask & ~partial_cols
-
-    def csr(b):
-        num = b.sum(-1).to(torch.int32)
-        idx = torch.argsort((~b).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-        return num[None].contiguous(), idx[None].contiguous()
-
-    kv_num, kv_idx = csr(partial)
-    full_num, full_idx = csr(full)
-
-    # mask_mod must state the same semantics (eager flex applies only mask_mod; the compiled kernel also skips
-    # the blocks the BlockMask leaves out). It only runs on the partial (diagonal) blocks.
-    listed = mask
-
-    def causal_exact(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & listed[h, q_idx // bm, kv_idx // bn]
-
-    def causal_plain(b, h, q_idx, kv_idx):
-        return q_idx >= kv_idx
-
-    causal = causal_exact if exact_mask_mod else causal_plain
-
-    try:
-        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(bm, bn), mask_mod=causal,
-                                        seq_lengths=(L, L))
-    except TypeError:
-        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(bm, bn), mask_mod=causal)
-
-
 def flex_fn(q, k, v, layout: BlockLayout, scale):
-    from torch.nn.attention.flex_attention import flex_attention
+    """The `flex` backend of `sift prefill` on this layout, its BlockMask prepared outside the timed call."""
+    from ..attention.flex import FlexBackend
 
-    if "fn" not in _FLEX:
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    fn = _FLEX["fn"]
-    bmask = flex_block_mask(layout, exact_mask_mod=False)
-    q4, k4, v4 = q[None], k[None], v[None]
-    # Flex's own tile must divide the KV block: 64-wide KV blocks need BLOCK_N = 64 (key names vary by version)
-    options = [None] if layout.block_n >= 128 else [{"BLOCK_N": 64}, {"fwd_BLOCK_N": 64}, None]
-    last = None
-    for opt in options:
-        def run(opt=opt):
-            return fn(q4, k4, v4, block_mask=bmask, scale=scale, enable_gqa=True, kernel_options=opt)
+    backend = FlexBackend()
+    plan = backend.prepare(layout)
 
-        try:
-            run()
-            torch.cuda.synchronize()
-            return run
-        except Exception as exc:  # try the next spelling
-            last = exc
-    raise last
+    def run():
+        return backend.forward(q, k, v, layout, scale, plan=plan)
+
+    run()
+    torch.cuda.synchronize()
+    return run
 
 
 def sift_fn(q, k, v, layout: BlockLayout, scale, **variant):
