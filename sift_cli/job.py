@@ -8,7 +8,6 @@ run writes exactly the bytes an uninterrupted one would.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Callable, ContextManager
 
 from . import __version__
+from .console import temporary_env
 from .corpus import CorpusFormat, Document, load_documents
 from .errors import SiftError
 from .models import LoadedModel, prefix_token_ids
@@ -99,17 +99,10 @@ def tokenize_documents(tokenizer, docs: list[Document], chunk: int = 4096) -> li
     """Token ids of each document; a fast tokenizer encodes each chunk on all cores (the profile job does not fork
     afterwards, so the fork-safety default of TOKENIZERS_PARALLELISM=false is lifted for the call)."""
     out = []
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    try:
+    with temporary_env("TOKENIZERS_PARALLELISM", "true"):
         for i in range(0, len(docs), chunk):
             enc = tokenizer([d.text for d in docs[i: i + chunk]], add_special_tokens=False)
             out.extend(list(ids) for ids in enc["input_ids"])
-    finally:
-        if previous is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
     return out
 
 

