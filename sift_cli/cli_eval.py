@@ -389,14 +389,17 @@ def render_qa(r: dict) -> None:
               f"average (backend {r['backend']}, CacheBlend ratio {r['cacheblend']['ratio']}, mask "
               f"{r['cacheblend']['mask']})")
     t = Table(show_edge=False)
-    for col in ("mode", "n", "accuracy", "same answer as full", "same first token", "KL mean", "TTFT ms",
-                "density"):
+    t.add_column("mode", no_wrap=True)
+    for col in ("n", "accuracy", "same answer as full", "same first token", "KL mean", "TTFT ms", "density"):
         t.add_column(col, justify="right")
     for mode, s in r["summary"].items():
         t.add_row(mode, str(s["n"]), pct(s["accuracy"]), pct(s["agreement_with_full"]),
                   pct(s["first_token_agreement"]), _f(s["kl_mean"]), f"{s['ttft_ms_median']:.0f}",
                   pct(s.get("cell_density_mean")) if "cell_density_mean" in s else "-")
     out.print(t)
+    if r["backend"] == "reference":
+        out.print("  TTFT here is the reference implementation's (PyTorch, no kernel): fidelity, not speed — "
+                  "`sift bench prefill` measures speed on a GPU")
 
 
 # ---- eval sweep ------------------------------------------------------------------------------------------------
@@ -517,7 +520,8 @@ def storage(
                   f"{s['kv_to_metadata_ratio'] or 0:,.0f}× smaller ({s['kv_to_disk_ratio'] or 0:,.0f}× on disk)")
     t = Table(title=f"per document, T={tile} (byte-padded as stored; the paper's unpadded bits in brackets)",
               show_edge=False)
-    for c in ("model", "L×H (KV)", "doc tokens", "SIFT", "KV cache", "KV / SIFT", "equal at"):
+    t.add_column("model", no_wrap=True)
+    for c in ("L×H (KV)", "doc tokens", "SIFT", "KV cache", "KV / SIFT", "equal at"):
         t.add_column(c, justify="right")
     for r in res["models"]:
         t.add_row(r["model"], f"{r['layers']}×{r['heads']} ({r['kv_heads']})", f"{r['doc_tokens']:,}",
@@ -526,7 +530,8 @@ def storage(
                   f"{r['crossover_doc_tokens'] / 1e6:.1f}M tok")
     out.print(t)
     t = Table(title="per prompt of 1K-token documents at T=32 (the paper's Fig. 15 setting)", show_edge=False)
-    for c in ("model", "prompt tokens", "SIFT", "KV cache", "KV per layer", "KV / SIFT"):
+    t.add_column("model", no_wrap=True)
+    for c in ("prompt tokens", "SIFT", "KV cache", "KV per layer", "KV / SIFT"):
         t.add_column(c, justify="right")
     for r in res["prompts"]:
         t.add_row(r["model"], f"{r['prompt_tokens']:,}", human_bytes(r["sift_bytes"]), human_bytes(r["kv_bytes"]),
