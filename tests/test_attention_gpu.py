@@ -60,3 +60,37 @@ def test_flex_on_decoded_bits():
     out = FlexBackend().forward(q, k, v, lay, 0.125)
     assert rel_err(out, ref) < 2e-2
     assert torch.equal(lay.indices.cpu(), decode_layer(pb, 1).indices)  # decode agrees across devices
+
+
+@pytest.mark.parametrize("backend", ["flex", "cuda"])
+def test_backends_on_masks_from_real_profiles(tmp_path, tiny_lm, small_corpus, backend):
+    """Layouts decoded from bits that `sift profile` wrote (a real model's attention), not random ones."""
+    from sift_cli.attention import get_backend
+    from sift_cli.job import profile_corpus
+    from sift_cli.profile import ProfileConfig
+    from sift_cli.prompt import assemble
+    from sift_cli.shards import ShardSet
+
+    if backend == "cuda":
+        from sift_cli.attention.cuda import CudaBackend
+
+        usable, why = CudaBackend.available()
+        if not usable:
+            pytest.skip(why)
+    profile_corpus(small_corpus, tmp_path / "s", tiny_lm, ProfileConfig(tile=16, alpha=0.01, beta=0.05, gamma=0.2),
+                   num_shards=1)
+    prompt = assemble(ShardSet(tmp_path / "s"), tiny_lm, ["doc03", "doc07", "doc01", "doc09"], "Which fox?")
+    dev = torch.device("cuda")
+    bits = prompt.bits.to(dev)
+    L, H = prompt.layout.seq_len, tiny_lm.n_heads
+    be = get_backend(backend, dev)
+    densities = []
+    for layer in range(tiny_lm.n_layers):
+        lay = decode_layer(bits, layer)
+        densities.append(lay.density())
+        q = torch.randn(H, L, 64, device=dev, dtype=torch.bfloat16)  # head_dim 64: what the kernels support
+        k, v = (torch.randn(tiny_lm.n_kv_heads, L, 64, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        ref = block_sparse_attention(q, k, v, lay, 0.125)
+        out = be.forward(q, k, v, lay, 0.125)
+        assert rel_err(out, ref) < 2e-2, (backend, layer)
+    assert min(densities) < 1.0  # the profile really is sparse somewhere

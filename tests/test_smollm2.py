@@ -70,3 +70,26 @@ def test_nq_five_documents_same_first_token(smol, tmp_path):
     assert r["kl"] < 0.05 and 0 < r["density"]["blocks"] <= 1
     for key in ("prompt_tokens", "density", "speedup", "decode_ms", "first_token_match", "kl"):
         assert key in r
+
+
+def test_all_bits_set_equals_dense_logits(smol, tmp_path):
+    """Profiled with α = β = γ = 0 every block is computed: SIFT's logits equal dense ones to fp32 rounding."""
+    import torch
+
+    from sift_cli.attention.reference import ReferenceBackend
+    from sift_cli.datasets import write_jsonl
+    from sift_cli.job import profile_corpus
+    from sift_cli.prefill import dense_prefill, sparse_prefill
+    from sift_cli.prompt import assemble
+    from sift_cli.shards import ShardSet
+
+    docs = [{"id": name, "title": "", "text": text[:700]} for name, text in sample_documents()[:3]]
+    corpus = write_jsonl(docs, tmp_path / "c.jsonl")
+    profile_corpus(corpus, tmp_path / "s", smol, ProfileConfig(alpha=0.0, beta=0.0, gamma=0.0), num_shards=1)
+    prompt = assemble(ShardSet(tmp_path / "s"), smol, [d["id"] for d in docs], "Which module reads CSV files?")
+    ids = torch.tensor([prompt.input_ids])
+    dense, _, _ = dense_prefill(smol, ids)
+    run = sparse_prefill(smol, prompt, ReferenceBackend(), ids, 128, 64)
+    assert all(lay.density() == 1.0 for lay in run.layouts)
+    assert float((dense - run.logits).abs().max()) < 1e-4  # fp32 rounding (measured: 0.0)
+    assert int(dense.argmax()) == int(run.logits.argmax())
