@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bits import n_pages, pack_doc
-from ..profile import plan_batches
+from ..profile import band_tile_max, plan_batches, probability_bands
 
 ATTN_NAME = "sift_eval_stats"
 _state = threading.local()
@@ -41,39 +41,19 @@ def doc_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, sca
               betas: tuple[float, ...], budget: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor]:
     """tile_max [H, P, P] and page_conc [nβ, H, P] of one document (q [H, S, D], k [H_kv, S, D], post-RoPE)."""
     H = q.shape[0]
-    group = H // k.shape[0]
-    T, P, S = tile, n_pages(n_doc, tile), prefix_len + n_doc
+    T, P = tile, n_pages(n_doc, tile)
     dev = q.device
     tmax = torch.full((H, P, P), -1.0, device=dev)
     counts = torch.zeros(len(betas), H, n_doc, dtype=torch.int32, device=dev)
-    per_head_row = 16 * S
-    heads = max(1, min(H, budget // (per_head_row * T)))
-    rows = max(T, (budget // (per_head_row * heads)) // T * T)
-    key_pos = torch.arange(S, device=dev)
-    for h0 in range(0, H, heads):
-        h1 = min(H, h0 + heads)
-        qh = q[h0:h1, prefix_len:S].float()
-        kh = k[torch.arange(h0, h1, device=dev) // group, :S].float()
-        for r0 in range(0, n_doc, rows):
-            r1 = min(n_doc, r0 + rows)
-            R, K = r1 - r0, prefix_len + r1
-            scores = torch.matmul(qh[:, r0:r1], kh[:, :K].transpose(1, 2)).mul_(scale)
-            causal = key_pos[None, :K] <= (prefix_len + r0 + torch.arange(R, device=dev))[:, None]
-            scores.masked_fill_(~causal, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            del scores
-            dp = probs[:, :, prefix_len:].masked_fill(~causal[None, :, prefix_len:], -1.0)
-            rows_pad, cols_pad = -(-R // T) * T, -(-r1 // T) * T
-            dp = F.pad(dp, (0, cols_pad - r1, 0, rows_pad - R), value=-1.0)
-            tm = dp.view(h1 - h0, rows_pad // T, T, cols_pad // T, T).amax(dim=(2, 4))
-            tmax[h0:h1, r0 // T: r0 // T + rows_pad // T, : cols_pad // T] = tm
-            doc = probs[:, :, prefix_len:]
-            for bi, beta in enumerate(betas):
-                high = doc >= beta
-                if beta <= 0:
-                    high &= causal[None, :, prefix_len:]
-                counts[bi, h0:h1, :r1] += high.sum(1, dtype=torch.int32)
-            del probs, dp, doc
+    for h0, h1, r0, doc, causal in probability_bands(q, k, prefix_len, n_doc, scale, T, budget):
+        tm = band_tile_max(doc, causal, T)  # causal cells only: any α, zero included, can be applied later
+        tmax[h0:h1, r0 // T: r0 // T + tm.shape[1], : tm.shape[2]] = tm
+        for bi, beta in enumerate(betas):
+            high = doc >= beta
+            if beta <= 0:
+                high &= causal
+            counts[bi, h0:h1, : doc.shape[2]] += high.sum(1, dtype=torch.int32)
+        del doc, tm
     visible = (n_doc - torch.arange(n_doc, device=dev)).float()
     conc = counts.float() / visible  # [nβ, H, n] — the same expression profile.py compares with γ
     conc = F.pad(conc, (0, P * T - n_doc), value=-1.0).view(len(betas), H, P, T).amax(-1)
