@@ -114,3 +114,28 @@ class PromptBits:
 
     def nbytes(self) -> int:
         return int(self.la.numel() + self.ca.numel())
+
+
+def random_prompt_bits(layout: PromptLayout, tile: int, n_layers: int, n_heads: int, la_p: float, ca_p: float,
+                       rng) -> tuple[PromptBits, list]:
+    """Bits drawn at random for every document of `layout` (benchmarks and tests): each LA tile below the diagonal
+    is set with probability la_p (the diagonal always), each CA page with probability ca_p.
+
+    Returns the packed bits and, per document, the drawn (bool [L, H, P, P], bool [L, H, P]) arrays.
+    rng: a numpy Generator.
+    """
+    import numpy as np
+
+    from .bits import pack_doc
+
+    la_blobs, ca_blobs, drawn = [], [], []
+    for span in layout.docs:
+        p = n_pages(span.n_tokens, tile)
+        la = np.tril(rng.random((n_layers, n_heads, p, p)) < la_p)
+        la[:, :, np.arange(p), np.arange(p)] = True
+        ca = rng.random((n_layers, n_heads, p)) < ca_p
+        a, c = pack_doc(la, ca)
+        la_blobs.append(a)
+        ca_blobs.append(c)
+        drawn.append((la, ca))
+    return PromptBits.pack(layout, la_blobs, ca_blobs, tile, n_layers, n_heads), drawn

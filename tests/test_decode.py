@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from sift_cli import bits as bitlib
 from sift_cli.attention.base import BlockLayout
 from sift_cli.decode import (block_mask_for_layer, causal_cells_per_block, cell_density, decode_layer,
                              dense_layout)
-from sift_cli.layout import PromptBits, PromptLayout
+from sift_cli.layout import PromptLayout, random_prompt_bits
 
 
 def random_prompt(rng, tile, n_layers=2, n_heads=3, doc_lengths=None, prefix_len=None, suffix_len=None,
@@ -18,17 +17,7 @@ def random_prompt(rng, tile, n_layers=2, n_heads=3, doc_lengths=None, prefix_len
     prefix_len = int(rng.integers(0, 70)) if prefix_len is None else prefix_len
     suffix_len = int(rng.integers(0, 90)) if suffix_len is None else suffix_len
     layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
-    la_blobs, ca_blobs, truth = [], [], []
-    for n in doc_lengths:
-        p = bitlib.n_pages(n, tile)
-        la = np.tril(rng.random((n_layers, n_heads, p, p)) < la_p)
-        la[:, :, np.arange(p), np.arange(p)] = True
-        ca = rng.random((n_layers, n_heads, p)) < ca_p
-        a, c = bitlib.pack_doc(la, ca)
-        la_blobs.append(a)
-        ca_blobs.append(c)
-        truth.append((la, ca))
-    return PromptBits.pack(layout, la_blobs, ca_blobs, tile, n_layers, n_heads), truth
+    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng)
 
 
 def brute_force_token_mask(layout: PromptLayout, truth, tile, layer, n_heads):

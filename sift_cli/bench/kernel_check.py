@@ -83,24 +83,14 @@ def attention_case(H: int, H_kv: int, L: int, D: int, layout: BlockLayout, seed:
 
 def random_prompt_bits(rng, tile: int, n_layers: int = 2, n_heads: int = 3, doc_lengths=None, prefix_len=None,
                        suffix_len=None, la_p=0.3, ca_p=0.3):
-    from ..bits import n_pages, pack_doc
-    from ..layout import PromptBits, PromptLayout
+    from ..layout import PromptLayout, random_prompt_bits
 
     if doc_lengths is None:
         doc_lengths = [int(x) for x in rng.integers(1, 6 * tile, size=int(rng.integers(1, 6)))]
     prefix_len = int(rng.integers(0, 140)) if prefix_len is None else prefix_len
     suffix_len = int(rng.integers(0, 200)) if suffix_len is None else suffix_len
     layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
-    la_blobs, ca_blobs = [], []
-    for n in doc_lengths:
-        p = n_pages(n, tile)
-        la = np.tril(rng.random((n_layers, n_heads, p, p)) < la_p)
-        la[:, :, np.arange(p), np.arange(p)] = True
-        ca = rng.random((n_layers, n_heads, p)) < ca_p
-        a, c = pack_doc(la, ca)
-        la_blobs.append(a)
-        ca_blobs.append(c)
-    return PromptBits.pack(layout, la_blobs, ca_blobs, tile, n_layers, n_heads)
+    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng)[0]
 
 
 def decode_case(bits, block_n: int, block_m: int = 128) -> dict:

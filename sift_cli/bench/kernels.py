@@ -152,24 +152,13 @@ def synthetic_prompt_bits(seq_len: int, n_layers: int = 30, n_heads: int = 9, ti
                           seed: int = 0):
     """PromptBits for prefix + docs of doc_len tokens + suffix ≈ seq_len tokens, random bits at paper-like
     densities (LA 27% of tiles, diagonal always set; CA 6% of pages)."""
-    from ..bits import n_pages, pack_doc
-    from ..layout import PromptBits, PromptLayout
+    from ..layout import PromptLayout, random_prompt_bits
 
-    rng = np.random.default_rng(seed)
     n_docs = max(1, (seq_len - prefix_len - suffix_len) // doc_len)
     lengths = [doc_len] * n_docs
     lengths[-1] += max(0, seq_len - prefix_len - suffix_len - doc_len * n_docs)
     lay = PromptLayout.build(prefix_len, [f"d{i}" for i in range(n_docs)], lengths, suffix_len)
-    la_blobs, ca_blobs = [], []
-    for n in lengths:
-        p = n_pages(n, tile)
-        la = np.tril(rng.random((n_layers, n_heads, p, p)) < la_p)
-        la[:, :, np.arange(p), np.arange(p)] = True
-        ca = rng.random((n_layers, n_heads, p)) < ca_p
-        a, c = pack_doc(la, ca)
-        la_blobs.append(a)
-        ca_blobs.append(c)
-    return PromptBits.pack(lay, la_blobs, ca_blobs, tile, n_layers, n_heads)
+    return random_prompt_bits(lay, tile, n_layers, n_heads, la_p, ca_p, np.random.default_rng(seed))[0]
 
 
 def graph_time_ms(fn, reps: int = 200) -> float | None:
