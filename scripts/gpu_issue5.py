@@ -213,6 +213,53 @@ def kernel_timing():
 
 
 # ----------------------------------------------------------------------------------------------------------
+# 4. where a SmolLM2 profile run spends its time
+# ----------------------------------------------------------------------------------------------------------
+
+def where_time_goes(lm, data, n_docs: int, work: Path, top: int = 30, stats: str = "triton") -> str:
+    """One whole NQ-passage profile run (Triton stats) under cProfile (host time by function), then one under the
+    torch profiler (GPU time by kernel); both as text."""
+    import cProfile
+    import io
+    import pstats
+    import shutil
+
+    from sift_cli.bench.profile import nq_case_records
+    from sift_cli.corpus import CorpusFormat
+    from sift_cli.datasets import write_jsonl
+    from sift_cli.job import profile_corpus
+    from sift_cli.profile import ProfileConfig
+
+    corpus = write_jsonl(nq_case_records(data, n_docs), work / "nq-prof.jsonl")
+    cfg = ProfileConfig(batch_tokens=65536, stats_budget_bytes=2 << 30, stats=stats)
+    text = io.StringIO()
+
+    def run(dest):
+        if dest.exists():
+            shutil.rmtree(dest)
+        sync()
+        t = time.perf_counter()
+        rep = profile_corpus(corpus, dest, lm, cfg, CorpusFormat(), docs_per_shard=1000)
+        sync()
+        return rep, time.perf_counter() - t
+
+    rep, wall = run(work / "nq-prof-warm")
+    text.write(f"warm run: {rep.tokens} tokens, {rep.tokens_per_second:,.0f} tok/s, wall {wall:.3f} s\n")
+    pr = cProfile.Profile()
+    pr.enable()
+    rep, wall = run(work / "nq-prof-cprofile")
+    pr.disable()
+    text.write(f"cProfile run: {rep.tokens_per_second:,.0f} tok/s (with profiler overhead), wall {wall:.3f} s\n")
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(pr, stream=text).sort_stats(key).print_stats(top)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        rep, wall = run(work / "nq-prof-torch")
+    text.write(f"torch.profiler run: wall {wall:.3f} s\n")
+    text.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top))
+    return text.getvalue()
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -225,6 +272,9 @@ def main():
                                                           "instead of the 8B, no kernel timing")
     ap.add_argument("--skip-bits", action="store_true", help="skip part 1 (bits check)")
     ap.add_argument("--cases", default="nq,essays,8b-2k,8b-8k", help="bench cases to run (comma-separated)")
+    ap.add_argument("--nq-docs", type=int, default=None, help="NQ passages in the bench (default 1000)")
+    ap.add_argument("--stats-paths", default="triton,torch", help="statistics paths the bench runs")
+    ap.add_argument("--where", default=None, help="write a host/GPU time breakdown of one NQ profile run here")
     args = ap.parse_args()
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
@@ -272,13 +322,24 @@ def main():
     save()
 
     rows = []
-    stats_paths = ("torch",) if args.smoke else ("triton", "torch")
+    stats_paths = ("torch",) if args.smoke else tuple(args.stats_paths.split(","))
+    if args.where and smol is not None:
+        try:
+            import tempfile
+
+            Path(args.where).write_text(where_time_goes(smol, args.data, 100 if args.smoke else args.nq_docs or 1000,
+                                                        Path(tempfile.mkdtemp(prefix="sift-where-")),
+                                                        stats="torch" if args.smoke else "triton"))
+            log(f"time breakdown written to {args.where}")
+        except Exception as exc:
+            traceback.print_exc()
+            result["where_error"] = f"{type(exc).__name__}: {exc}"[:300]
     llama_config = None
     if args.smoke:
         llama_config = dict(bp.LLAMA3_8B_CONFIG, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=5000,
                             max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
-    plan = [("nq", {"nq_docs": 100 if args.smoke else 300 if args.quick else 1000}),
+    plan = [("nq", {"nq_docs": 100 if args.smoke else args.nq_docs or (300 if args.quick else 1000)}),
             ("essays", {"essay_docs": 3 if args.smoke else 8 if args.quick else 50}),
             ("8b-2k", {"llama_docs": {"8b-2k": 2 if args.smoke else 4 if args.quick else 16}}),
             ("8b-8k", {"llama_docs": {"8b-8k": 1 if args.quick else 4}})]
