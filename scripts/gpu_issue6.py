@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "issue6.json"))
     ap.add_argument("--budget", type=float, default=225.0)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--aligned-only", default=None, help="comma-separated lengths: only full vs SIFT on the 8B-shaped "
+                    "model at the paper's densities with a 64-token prefix (documents on the KV block grid)")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU: checks the script, times nothing")
     args = ap.parse_args()
     deadline = T0 + args.budget
@@ -118,6 +120,18 @@ def main() -> int:
     device = "cpu" if smoke else "cuda"
     overrides = bp.CPU_SMOKE_LLAMA if smoke else None
     baselines: dict[int, tuple[float, float]] = {}
+
+    if args.aligned_only:
+        lens = [int(x) for x in args.aligned_only.split(",")]
+        lm_a = None
+        for prefix_len in (64, 16):
+            for case in bp.llama_cases(lens, "paper", 96 if smoke else 2048, 64, None, device, overrides,
+                                       lm=lm_a, prefix_len=prefix_len):
+                lm_a = case.lm
+                run(case, ("full", "sift"), backends, energy=False)
+        save()
+        print_table(result)
+        return 0
 
     # ---- phase 1: 8B-shaped, paper densities: full (cuDNN) / no-attention / SIFT / CacheBlend, energy ----------
     lm8 = None

@@ -164,15 +164,29 @@ class _BatchState:
     n_layers: int
     la: list[list] = field(default_factory=list)  # [doc][layer] → bool [H, P, P]
     ca: list[list] = field(default_factory=list)
-    fast: bool = False  # triton path: la/ca are [layer] → bool [B, H, P, P] / [B, H, P] for the whole batch
+    fast: bool = False  # triton path: raw statistics of every layer go into the two buffers below
     lengths_dev: torch.Tensor | None = None
+    la_raw: torch.Tensor | None = None  # int8 [B, layers, H, P, P], tile hits
+    cnt_raw: torch.Tensor | None = None  # int32 [B, layers, H, n_max], per-key β counts
 
     def __post_init__(self):
-        self.la = [[None] * self.n_layers for _ in self.doc_lengths]
-        self.ca = [[None] * self.n_layers for _ in self.doc_lengths]
+        if not self.fast:
+            self.la = [[None] * self.n_layers for _ in self.doc_lengths]
+            self.ca = [[None] * self.n_layers for _ in self.doc_lengths]
 
 
 _state = threading.local()
+
+
+def _sdpa(query, key, value, scaling):
+    """Causal SDPA as the stock transformers path calls it (GQA inside the kernel, no repeated K/V)."""
+    group = query.shape[1] // key.shape[1]
+    causal = query.shape[2] > 1
+    if group > 1 and key.shape[-1] == value.shape[-1] <= 256:
+        return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=True)
+    if group > 1:
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling)
 
 
 def _profile_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -180,16 +194,19 @@ def _profile_attention(module, query, key, value, attention_mask, scaling=None, 
     st: _BatchState = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    group = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(
-        query, key.repeat_interleave(group, dim=1) if group > 1 else key,
-        value.repeat_interleave(group, dim=1) if group > 1 else value, is_causal=query.shape[2] > 1, scale=scaling)
+    out = _sdpa(query, key, value, scaling)
     layer = module.layer_idx
     if st.fast:
-        from .stats_triton import batch_attention_bits
+        from .stats_triton import batch_attention_stats
 
-        st.la[layer], st.ca[layer] = batch_attention_bits(query, key, st.prefix_len, st.doc_lengths, scaling, st.cfg,
-                                                          lengths_dev=st.lengths_dev)
+        n_max = max(st.doc_lengths)
+        if st.la_raw is None:  # one zeroed buffer per batch; folded once after the forward
+            B, H = query.shape[:2]
+            P = -(-n_max // st.cfg.tile)
+            st.la_raw = torch.zeros(B, st.n_layers, H, P, P, dtype=torch.int8, device=query.device)
+            st.cnt_raw = torch.zeros(B, st.n_layers, H, n_max, dtype=torch.int32, device=query.device)
+        batch_attention_stats(query, key, st.prefix_len, st.lengths_dev, n_max, scaling, st.cfg,
+                              st.la_raw[:, layer], st.cnt_raw[:, layer])
         return out.transpose(1, 2).contiguous(), None
     for b, n in enumerate(st.doc_lengths):
         la, ca = doc_attention_bits(query[b], key[b], st.prefix_len, n, scaling, st.cfg)
@@ -213,9 +230,11 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
     device = next(model.parameters()).device
     longest = len(prefix_ids) + max(len(d) for d in docs)
     pad = 0
-    batch = torch.full((len(docs), longest), pad, dtype=torch.long)
+    rows = np.full((len(docs), longest), pad, dtype=np.int64)
+    rows[:, : len(prefix_ids)] = prefix_ids
     for i, d in enumerate(docs):
-        batch[i, : len(prefix_ids) + len(d)] = torch.tensor(prefix_ids + list(d))
+        rows[i, len(prefix_ids): len(prefix_ids) + len(d)] = d
+    batch = torch.from_numpy(rows)
     n_layers = model.config.num_hidden_layers
     fast = resolve_stats(cfg.stats, device) == "triton"
     lengths = [len(d) for d in docs]
@@ -223,8 +242,6 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
     model.set_attn_implementation(ATTN_NAME)
     _state.current = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast,
                                  lengths_dev=torch.tensor(lengths, dtype=torch.int32, device=device) if fast else None)
-    if fast:
-        _state.current.la, _state.current.ca = [None] * n_layers, [None] * n_layers
     try:
         base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
         base(input_ids=batch.to(device), use_cache=False)
@@ -232,8 +249,14 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
     finally:
         _state.current = None
         model.set_attn_implementation(previous)
-    if fast:  # [B, L, H, P, P], packed on the device per group of equal page counts
-        return _batch_doc_bits(torch.stack(st.la, 1), torch.stack(st.ca, 1), lengths, cfg.tile)
+    if fast:  # all layers folded at once, then packed on the device per group of equal page counts
+        from .stats_triton import fold_bits
+
+        B, L, H, P, _ = st.la_raw.shape
+        n_max = st.cnt_raw.shape[-1]
+        la, ca = fold_bits(st.la_raw.view(B, L * H, P, P), st.cnt_raw.view(B, L * H, n_max), st.lengths_dev, n_max,
+                           cfg)
+        return _batch_doc_bits(la.view(B, L, H, P, P), ca.view(B, L, H, P), lengths, cfg.tile)
     return [DocBits(torch.stack(st.la[b]).cpu(), torch.stack(st.ca[b]).cpu()) for b in range(len(docs))]
 
 

@@ -237,27 +237,39 @@ def batch_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, leng
     :func:`sift_cli.profile.doc_attention_bits` per document up to the ties described in the module docstring.
     thresholds: precomputed (t_α, t_β) (tests); by default the Triton threshold kernel computes them.
     """
-    B, H, _, D = q.shape
-    T = cfg.tile
+    B, H = q.shape[:2]
     n_max = max(lengths)
-    P = -(-n_max // T)
-    dev = q.device
-    lens = lengths_dev if lengths_dev is not None else torch.tensor(lengths, dtype=torch.int32, device=dev)
+    P = -(-n_max // cfg.tile)
+    lens = lengths_dev if lengths_dev is not None else torch.tensor(lengths, dtype=torch.int32, device=q.device)
+    la = torch.zeros(B, H, P, P, dtype=torch.int8, device=q.device)
+    cnt = torch.zeros(B, H, n_max, dtype=torch.int32, device=q.device)
+    batch_attention_stats(q, k, prefix_len, lens, n_max, scale, cfg, la, cnt, thresholds)
+    return fold_bits(la, cnt, lens, n_max, cfg)
+
+
+def batch_attention_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, lens: torch.Tensor, n_max: int,
+                          scale: float, cfg, la_out: torch.Tensor, cnt_out: torch.Tensor,
+                          thresholds: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """The raw statistics of one layer, unfolded: LA tile hits into `la_out` int8 [B, H, P, P] (zeroed by the
+    caller: only hits are written) and per-key β counts into `cnt_out` int32 [B, H, n_max]. Both may be strided
+    views (e.g. one layer of a [B, layers, H, …] buffer), so a whole forward can be folded at once."""
+    B, H, _, D = q.shape
+    if la_out.stride(-1) != 1 or cnt_out.stride(-1) != 1:
+        raise ValueError("la_out and cnt_out need unit stride in their last dimension")
     q, k = _prepare(q), _prepare(k)
     ta, tb = thresholds if thresholds is not None else row_thresholds(q, k, prefix_len, lens, n_max, scale,
                                                                        cfg.alpha, cfg.beta)
-    la = torch.zeros(B, H, P, P, dtype=torch.int8, device=dev)
-    cnt = torch.zeros(B, H, n_max, dtype=torch.int32, device=dev)
     interp = interpreting()
     _, stats = _jitted(interp)
     grid = (B * H, -(-n_max // BLOCK))
-    stats[grid](q, k, ta, tb, lens, la, cnt,
+    T = cfg.tile
+    stats[grid](q, k, ta, tb, lens, la_out, cnt_out,
                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                ta.stride(0), ta.stride(1), la.stride(0), la.stride(1), la.stride(2), cnt.stride(0), cnt.stride(1),
+                ta.stride(0), ta.stride(1), la_out.stride(0), la_out.stride(1), la_out.stride(2),
+                cnt_out.stride(0), cnt_out.stride(1),
                 prefix_len, float(scale), H, H // k.shape[1], D,
                 ROWS_MAX=n_max if interp else 0, DYNAMIC_LOOPS=not interp, T=T, TSUB=min(T, BLOCK), BLOCK_B=BLOCK,
                 BLOCK_D=max(16, _next_pow2(D)), PRECISION=_precision(q))
-    return fold_bits(la, cnt, lens, n_max, cfg)
 
 
 def fold_bits(la: torch.Tensor, counts: torch.Tensor, lens: torch.Tensor, n_max: int, cfg):
@@ -266,7 +278,7 @@ def fold_bits(la: torch.Tensor, counts: torch.Tensor, lens: torch.Tensor, n_max:
     T = cfg.tile
     dev = la.device
     tiles = la.bool() & torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-    tiles[:, :, torch.arange(P, device=dev), torch.arange(P, device=dev)] = True
+    tiles.diagonal(0, -2, -1).fill_(True)  # a view: no indexed write (which costs a host sync per call on CUDA)
     j = torch.arange(n_max, device=dev)
     lens = lens.to(device=dev, dtype=torch.int64)
     visible = (lens[:, None] - j[None, :]).clamp(min=1).float()  # queries i >= j that see key j

@@ -625,14 +625,16 @@ def require_gpu(cpu_smoke: bool) -> torch.device:
 
 
 def llama_cases(lengths, pattern: str = "paper", doc_tokens: int = 2048, tile: int = 64, sources=None,
-                device="cuda", overrides: dict | None = None, seed: int = 0, lm=None):
-    """Yield a Case for the 8B-shaped model at each length (the model is built once, or `lm` is reused)."""
+                device="cuda", overrides: dict | None = None, seed: int = 0, lm=None, prefix_len: int = 16):
+    """Yield a Case for the 8B-shaped model at each length (the model is built once, or `lm` is reused).
+    prefix_len: a multiple of the KV block (64) puts every document on the block grid, so no KV block straddles
+    two pages; the default 16 does not, which is the usual case for real prompts."""
     if lm is None:
         lm = llama3_8b_shaped(device, torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32,
                               overrides, seed)
     g = torch.Generator().manual_seed(seed)
     for L in lengths:
-        lay = synthetic_layout(L, doc_tokens)
+        lay = synthetic_layout(L, doc_tokens, prefix_len)
         if pattern == "paper":
             bits = paper_density_bits(lay, lm.n_layers, lm.n_heads, tile, seed=seed)
             label = f"drawn at the paper's densities (LA {PAPER_LA_DENSITY:.1%} tiles, CA {PAPER_CA_DENSITY:.1%} pages)"
@@ -643,6 +645,8 @@ def llama_cases(lengths, pattern: str = "paper", doc_tokens: int = 2048, tile: i
             label = f"sampled from real SmolLM2 profiles of {doc_tokens}-token documents"
         else:
             raise SiftError(f"pattern {pattern!r}: expected paper or sampled")
+        if prefix_len % 64 == 0 and doc_tokens % 64 == 0:
+            label += f", documents block-aligned ({prefix_len}-token prefix)"
         ids = torch.randint(0, lm.config.vocab_size, (L,), generator=g).tolist()
         yield Case(lm, lm.name, label, ids, bits)
 
