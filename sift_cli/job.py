@@ -19,7 +19,7 @@ from .console import temporary_env
 from .corpus import CorpusFormat, Document, load_documents
 from .errors import SiftError
 from .models import LoadedModel, prefix_token_ids
-from .profile import ProfileConfig, profile_batch, plan_batches
+from .profile import ProfileConfig, launch_profile_batch, plan_batches
 from .shards import (FORMAT_VERSION, ShardFile, list_parts, matching_keys, part_name, shard_of, token_sha256,
                      write_manifest, write_shard)
 
@@ -208,12 +208,14 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
 
 
 def _profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens) -> tuple[list[dict], int]:
-    """Profile one bucket's documents: its shard rows, and the tokens done so far."""
+    """Profile one bucket's documents: its shard rows, and the tokens done so far. Batch i + 1 is launched
+    before batch i is collected, so the host builds rows while the GPU works (see `launch_profile_batch`)."""
     rows = []
     lengths = [len(t) for _, t in keep]
-    for batch in plan_batches(lengths, len(prefix_ids), cfg.batch_tokens):
-        bits = profile_batch(lm.model, prefix_ids, [keep[i][1] for i in batch], cfg)
-        for i, b in zip(batch, bits):
+
+    def collect(batch, pending):
+        nonlocal done_tokens
+        for i, b in zip(batch, pending()):
             doc, tokens = keep[i]
             la, ca = b.pack()
             rows.append({"doc_id": doc.doc_id, "tokens": tokens, "token_sha256": token_sha256(tokens),
@@ -222,6 +224,15 @@ def _profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens
             done_tokens += len(tokens)
         if progress:
             progress(done_tokens, total_tokens)
+
+    previous = None
+    for batch in plan_batches(lengths, len(prefix_ids), cfg.batch_tokens):
+        launched = (batch, launch_profile_batch(lm.model, prefix_ids, [keep[i][1] for i in batch], cfg))
+        if previous is not None:
+            collect(*previous)
+        previous = launched
+    if previous is not None:
+        collect(*previous)
     return rows, done_tokens
 
 

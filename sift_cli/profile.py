@@ -13,6 +13,7 @@ never materialise probabilities.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -220,12 +221,28 @@ def register_profile_attention() -> None:
     AttentionInterface.register(ATTN_NAME, _profile_attention)
 
 
-@torch.inference_mode()
 def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: ProfileConfig) -> list[DocBits]:
     """Bits of each document in `docs` (token id lists), run as one right-padded batch of `prefix ‖ doc`.
 
     Right padding is harmless under causal attention: a real token never sees a pad token.
     """
+    return launch_profile_batch(model, prefix_ids, docs, cfg)()
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host → device without making the host wait for the GPU (a pageable copy can; a pinned one does not)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+@torch.inference_mode()
+def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: ProfileConfig
+                         ) -> Callable[[], list[DocBits]]:
+    """`profile_batch` in two halves: this call enqueues the batch's GPU work (forward, statistics, folding,
+    packing, device → host copies) and returns `collect`, which waits for it and returns the DocBits. On the fast
+    path the host does not wait for the GPU in between, so a caller can launch batch i + 1 before collecting batch
+    i and keep the GPU busy while the host turns finished bits into shard rows. Other paths finish here."""
     register_profile_attention()
     device = next(model.parameters()).device
     longest = len(prefix_ids) + max(len(d) for d in docs)
@@ -234,17 +251,16 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
     rows[:, : len(prefix_ids)] = prefix_ids
     for i, d in enumerate(docs):
         rows[i, len(prefix_ids): len(prefix_ids) + len(d)] = d
-    batch = torch.from_numpy(rows)
     n_layers = model.config.num_hidden_layers
     fast = resolve_stats(cfg.stats, device) == "triton"
     lengths = [len(d) for d in docs]
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)
-    _state.current = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast,
-                                 lengths_dev=torch.tensor(lengths, dtype=torch.int32, device=device) if fast else None)
+    lengths_dev = _to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
+    _state.current = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev)
     try:
         base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
-        base(input_ids=batch.to(device), use_cache=False)
+        base(input_ids=_to_device(torch.from_numpy(rows), device), use_cache=False)
         st = _state.current
     finally:
         _state.current = None
@@ -257,44 +273,60 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
         la, ca = fold_bits(st.la_raw.view(B, L * H, P, P), st.cnt_raw.view(B, L * H, n_max), st.lengths_dev, n_max,
                            cfg)
         return _batch_doc_bits(la.view(B, L, H, P, P), ca.view(B, L, H, P), lengths, cfg.tile)
-    return [DocBits(torch.stack(st.la[b]).cpu(), torch.stack(st.ca[b]).cpu()) for b in range(len(docs))]
+    bits = [DocBits(torch.stack(st.la[b]).cpu(), torch.stack(st.ca[b]).cpu()) for b in range(len(docs))]
+    return lambda: bits
 
 
-def _batch_doc_bits(la: torch.Tensor, ca: torch.Tensor, lengths: list[int], tile: int) -> list[DocBits]:
+def _batch_doc_bits(la: torch.Tensor, ca: torch.Tensor, lengths: list[int], tile: int
+                    ) -> Callable[[], list[DocBits]]:
     """Per-document DocBits from batch tensors la bool [B, L, H, P, P], ca bool [B, L, H, P] (on the GPU in the
     fast path), with the packed vectors and densities computed on that device for all documents of one page
     count at once: bytes and values identical to `pack_doc` and the DocBits methods (tested), without per-document
-    numpy work, which costs more than the GPU work on short passages and ~0.3 s per 8K-token document at 8B."""
-    out: list[DocBits | None] = [None] * len(lengths)
+    numpy work, which costs more than the GPU work on short passages and ~0.3 s per 8K-token document at 8B.
+    Enqueues the work and the copies to the host; the returned function waits for them and builds the DocBits."""
     groups: dict[int, list[int]] = {}
     for b, n in enumerate(lengths):
         groups.setdefault(n_pages(n, tile), []).append(b)
     _, L, H = la.shape[:3]
     dev = la.device
-    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.int32, device=dev)
+    weights = 2 ** torch.arange(7, -1, -1, dtype=torch.int32, device=dev)  # 128 … 1: MSB first
 
     def packbits(bits: torch.Tensor) -> torch.Tensor:  # [..., n] bool → [..., ceil(n/8)] uint8, MSB first
         x = F.pad(bits.to(torch.int32), (0, -bits.shape[-1] % 8))
         return (x.view(*x.shape[:-1], -1, 8) * weights).sum(-1).to(torch.uint8)
 
+    def to_host(t: torch.Tensor) -> torch.Tensor:  # pinned and asynchronous on CUDA: read only after `done`
+        return t.to("cpu", non_blocking=dev.type == "cuda")
+
+    pending = []
     for P, idx in groups.items():
         G = len(idx)
-        sel = torch.tensor(idx, device=dev)
+        sel = _to_device(torch.tensor(idx), dev)
         la_g, ca_g = la.index_select(0, sel)[..., :P, :P], ca.index_select(0, sel)[..., :P]
         rows, cols = torch.tril_indices(P, P, device=dev)
         flat = la_g[..., rows, cols].reshape(G, L * H, -1)  # row-major lower triangle, as pack_la
-        la_bytes = packbits(flat).cpu().numpy()
-        ca_bytes = packbits(ca_g.reshape(G, L * H, P)).cpu().numpy()
-        la_sum = flat.reshape(G, -1).sum(1).tolist()
-        ca_cnt = ca_g.reshape(G, -1).sum(1).cpu().numpy()
-        # fp32 count / size: what DocBits.ca_density's torch mean gives (the count is exact; tested)
-        ca_mean = (ca_cnt.astype(np.float32) / np.float32(L * H * P)).tolist()
-        tiles = L * H * P * (P + 1) / 2
-        la_cpu, ca_cpu = la_g.cpu(), ca_g.cpu()
-        for j, b in enumerate(idx):
-            out[b] = DocBits(la_cpu[j], ca_cpu[j], packed=(la_bytes[j].tobytes(), ca_bytes[j].tobytes()),
-                             densities=(float(la_sum[j]) / tiles, ca_mean[j]))
-    return out
+        pending.append((P, idx, to_host(packbits(flat)), to_host(packbits(ca_g.reshape(G, L * H, P))),
+                        to_host(flat.reshape(G, -1).sum(1)), to_host(ca_g.reshape(G, -1).sum(1)),
+                        to_host(la_g), to_host(ca_g)))
+    done = torch.cuda.Event() if dev.type == "cuda" else None
+    if done is not None:
+        done.record()
+
+    def collect() -> list[DocBits]:
+        if done is not None:
+            done.synchronize()
+        out: list[DocBits | None] = [None] * len(lengths)
+        for P, idx, la_bytes, ca_bytes, la_sum, ca_cnt, la_cpu, ca_cpu in pending:
+            la_bytes, ca_bytes, la_sum = la_bytes.numpy(), ca_bytes.numpy(), la_sum.tolist()
+            # fp32 count / size: what DocBits.ca_density's torch mean gives (the count is exact; tested)
+            ca_mean = (ca_cnt.numpy().astype(np.float32) / np.float32(L * H * P)).tolist()
+            tiles = L * H * P * (P + 1) / 2
+            for j, b in enumerate(idx):
+                out[b] = DocBits(la_cpu[j], ca_cpu[j], packed=(la_bytes[j].tobytes(), ca_bytes[j].tobytes()),
+                                 densities=(float(la_sum[j]) / tiles, ca_mean[j]))
+        return out
+
+    return collect
 
 
 def resolve_stats(stats: str, device: torch.device) -> str:

@@ -167,11 +167,11 @@ import sift_cli.shards as shards
 
 slow = float(os.environ.get("SIFT_TEST_SLOW", "0"))
 if slow:
-    real_batch = job.profile_batch
+    real_batch = job.launch_profile_batch
     def slow_batch(*a, **k):
         time.sleep(slow)
         return real_batch(*a, **k)
-    job.profile_batch = slow_batch
+    job.launch_profile_batch = slow_batch
 
 kill_at = int(os.environ.get("SIFT_TEST_KILL_AT_SHARD", "0"))
 if kill_at:
