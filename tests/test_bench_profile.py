@@ -10,7 +10,7 @@ def test_bench_case_on_the_tiny_model(tmp_path, tiny_lm):
 
     recs = [{"id": f"d{i}", "title": "T", "text": " ".join(TRAINING_TEXT[: 1 + i % 5])} for i in range(6)]
     row = bp.bench_case(tiny_lm, "tiny", "prose", recs, tmp_path, stats_paths=("torch", "torch"),
-                        batch_tokens=2048, dense_repeat=1, log=lambda *_: None)
+                        batch_tokens=2048, repeat=1, log=lambda *_: None)
     assert row["docs"] == 6 and row["tokens"] > 0 and row["dense_tok_s"] > 0
     assert row["profile_torch_tok_s"] > 0 and 0 < row["ratio_torch"]
     table = bp.render([row, {"model": "m", "case": "c", "error": "RuntimeError: boom"}])
@@ -29,7 +29,7 @@ def test_random_llama_with_id_tokenizer_profiles_random_docs(tmp_path):
     assert lm.n_layers == 2 and lm.max_context == 256
     recs = bp.random_id_records(3, 100, 3000)
     row = bp.bench_case(lm, "random", "100-token", recs, tmp_path, stats_paths=("torch",), batch_tokens=4096,
-                        fmt=CorpusFormat(template="{text}"), prefix_text="", dense_repeat=1, log=lambda *_: None)
+                        fmt=CorpusFormat(template="{text}"), prefix_text="", repeat=1, log=lambda *_: None)
     assert row["docs"] == 3 and row["tokens"] == 300 and row["profile_torch_tok_s"] > 0
 
 

@@ -10,6 +10,8 @@ For each case the documents are tokenised once; then
   closed shards with a manifest, once per statistics path (`triton`, `torch`), each after a warm-up run on a
   few documents (Triton compiles, cuDNN/cuBLAS pick kernels).
 
+Both are the fastest of `repeat` runs (default 2), each profile run into an empty directory.
+
 Throughput is document tokens (the prefix excluded, in both) per second. Cases: the bundled SmolLM2 on NQ gold
 passages and on the essays (``../shared/data``), and a Llama-3-8B-shaped model (its published config, random bf16
 weights: speed does not depend on the weights) on 2K- and 8K-token documents of random token ids.
@@ -190,7 +192,7 @@ def _shard_digest(out: Path) -> dict[str, str]:
 
 def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, stats_paths=("triton", "torch"),
                batch_tokens: int = 65536, fmt=None, prefix_text: str | None = None, docs_per_shard: int = 1000,
-               dense_repeat: int = 2, log=print) -> dict:
+               repeat: int = 2, log=print) -> dict:
     """One row: dense prefill and the whole profile run with each statistics path, on the same documents."""
     from ..corpus import CorpusFormat, load_documents
     from ..datasets import write_jsonl
@@ -209,7 +211,7 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
     row = {"model": model_name, "case": case, "docs": len(docs), "tokens": sum(map(len, docs)),
            "mean_tokens": statistics.fmean(map(len, docs)) if docs else 0.0, "device": str(lm.device),
            "dtype": str(lm.dtype).replace("torch.", ""), "batch_tokens": batch_tokens}
-    row["dense_tok_s"] = dense_prefill_tok_s(lm, prefix, docs, batch_tokens, dense_repeat)
+    row["dense_tok_s"] = dense_prefill_tok_s(lm, prefix, docs, batch_tokens, repeat)
     log(f"  {model_name} / {case}: dense prefill {row['dense_tok_s']:,.0f} tok/s over {row['docs']} docs")
     digests = {}
     for stats in stats_paths:
@@ -217,7 +219,9 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
                             stats=stats)
         try:
             _profile_run(lm, warm, work / f"{case}-{stats}-warm", cfg, fmt, prefix_text, docs_per_shard)
-            rep = _profile_run(lm, corpus, work / f"{case}-{stats}", cfg, fmt, prefix_text, docs_per_shard)
+            # the fastest of `repeat` whole runs, as for dense (each run starts from an empty directory)
+            rep = min((_profile_run(lm, corpus, work / f"{case}-{stats}", cfg, fmt, prefix_text, docs_per_shard)
+                       for _ in range(max(1, repeat))), key=lambda r: r.seconds)
             row[f"profile_{stats}_tok_s"] = rep.tokens_per_second
             row[f"profile_{stats}_s"] = rep.seconds
             row[f"ratio_{stats}"] = rep.tokens_per_second / row["dense_tok_s"] if row["dense_tok_s"] else None
@@ -291,7 +295,7 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                     conf["max_position_embeddings"] - len(prefix)
                 attempt(lm.name, f"{n_tok}-token random docs",
                         lambda n_tok=n_tok, case=case: random_id_records(llama_docs[case], n_tok, conf["vocab_size"]),
-                        lm, fmt=CorpusFormat(template="{text}"), prefix_text="", dense_repeat=1)
+                        lm, fmt=CorpusFormat(template="{text}"), prefix_text="", repeat=1)
         except Exception as exc:
             traceback.print_exc()
             rows.append({"model": LLAMA3_8B_NAME, "case": ", ".join(llama_cases),
