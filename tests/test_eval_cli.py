@@ -1,5 +1,6 @@
 """`sift eval …`, `sift calibrate`, `sift bench prefill` end to end on the tiny model (mounted as cli.py will)."""
 
+import importlib.util
 import json
 import sys
 
@@ -12,6 +13,19 @@ from sift_cli.console import err
 from sift_cli.errors import SiftError
 
 from .helpers import TRAINING_TEXT
+
+
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def plot_args(path):
+    """`--plot PATH` where matplotlib is installed (the test extra installs it), nothing elsewhere."""
+    return ["--plot", path] if HAVE_MATPLOTLIB else []
+
+
+def assert_png(path):
+    if HAVE_MATPLOTLIB:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
 
 
 def _app():
@@ -60,9 +74,11 @@ def qa_file(tmp_path):
 def test_eval_qa_end_to_end_and_resume(capsys, tmp_path, tiny_ckpt, qa_file):
     results = tmp_path / "res.jsonl"
     args = ["eval", "qa", qa_file, "--model", tiny_ckpt, "--device", "cpu", "--n-docs", "2,3", "--tile", 16,
-            "--max-new-tokens", 3, "--results", results, "--work", tmp_path / "w", "--json"]
+            "--max-new-tokens", 3, "--results", results, "--work", tmp_path / "w", "--json",
+            *plot_args(tmp_path / "qa.png")]
     code, out, errs = run(capsys, *args)
     assert code == 0, errs
+    assert_png(tmp_path / "qa.png")
     res = json.loads(out)
     assert [r["n_docs"] for r in res["runs"]] == [2, 3]
     s = res["runs"][1]["summary"]
@@ -96,8 +112,9 @@ def test_eval_storage_json(capsys, tmp_path):
     code, out, _ = run(capsys, "eval", "storage", "--models", "Llama-3-8B,Qwen3-235B-A22B", "--tile", 128, "--json")
     res = json.loads(out)
     assert code == 0 and {r["model"] for r in res["models"]} == {"Llama-3-8B", "Qwen3-235B-A22B"}
-    code, out, _ = run(capsys, "eval", "storage", "--models", "Llama-3-8B")
+    code, out, _ = run(capsys, "eval", "storage", "--models", "Llama-3-8B", *plot_args(tmp_path / "s.png"))
     assert code == 0 and "KV / SIFT" in out
+    assert_png(tmp_path / "s.png")
 
 
 def test_eval_sweep_and_calibrate(capsys, tmp_path, tiny_ckpt, small_corpus, monkeypatch):
@@ -105,8 +122,9 @@ def test_eval_sweep_and_calibrate(capsys, tmp_path, tiny_ckpt, small_corpus, mon
 
     code, out, e = run(capsys, "eval", "sweep", "--corpus", small_corpus, "--model", tiny_ckpt, "--device", "cpu",
                        "--n-prompts", 1, "--docs-per-prompt", 2, "--points", "16,0.001,0.01,0.1;32,0.01,0.03,0.3",
-                       "--max-new-tokens", 2, "--recall", "--json")
+                       "--max-new-tokens", 2, "--recall", "--json", *plot_args(tmp_path / "sweep.png"))
     assert code == 0, e
+    assert_png(tmp_path / "sweep.png")
     pts = json.loads(out)["points"]
     assert len(pts) == 2 and all(0 < p["density"] <= 1 and p["la_recall"] is not None for p in pts)
     assert pts[1]["density"] <= pts[0]["density"] + 1e-9
@@ -143,8 +161,9 @@ def test_eval_recall_from_shards_and_prompts(capsys, tmp_path, tiny_ckpt, tiny_l
     pf = tmp_path / "prompts.jsonl"
     pf.write_text(json.dumps({"doc_ids": ["doc03", "doc01", "doc00"], "question": "What jumps?"}) + "\n")
     code, out, e = run(capsys, "eval", "recall", "--shards", tmp_path / "sh", "--prompts", pf, "--model", tiny_ckpt,
-                       "--device", "cpu", "--save", tmp_path / "r.json")
+                       "--device", "cpu", "--save", tmp_path / "r.json", *plot_args(tmp_path / "recall.png"))
     assert code == 0, e
+    assert_png(tmp_path / "recall.png")
     assert "LA" in out and "per layer" in out
     assert json.loads((tmp_path / "r.json").read_text())["thresholds"]["tile_size"] == 16
 
@@ -163,8 +182,10 @@ def test_bench_prefill_needs_a_gpu_or_runs_a_cpu_smoke_pass(capsys, tmp_path):
     code, _, e = run(capsys, "bench", "prefill", "--models", "llama3-8b")
     assert code == 2 and "GPU" in e and "--cpu-smoke" in e
     code, out, e = run(capsys, "bench", "prefill", "--models", "llama3-8b", "--cpu-smoke", "--lengths", "300",
-                       "--repeat", 1, "--warmup", 0, "--json", "--save", tmp_path / "b.json")
+                       "--repeat", 1, "--warmup", 0, "--json", "--save", tmp_path / "b.json",
+                       *plot_args(tmp_path / "bench.png"))
     assert code == 0, e
+    assert_png(tmp_path / "bench.png")
     res = json.loads(out)
     modes = {r["mode"] for r in res["rows"]}
     assert {"full", "no-attention", "sift-reference", "cacheblend"} <= modes, res["rows"]
