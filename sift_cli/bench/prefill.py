@@ -40,16 +40,12 @@ import torch
 
 from ..errors import SiftError
 from ..layout import PromptBits, PromptLayout
+from .llama import LLAMA31_8B_CONFIG, LLAMA31_8B_NAME, random_llama
 
 PAPER_LA_DENSITY = 1 - 0.727  # paper §3.2: chosen LA sparsity 72.7%
 PAPER_CA_DENSITY = 1 - 0.942  # paper §3.4: chosen CA sparsity 94.2%
 LENGTHS = (8192, 16384, 32768, 65536)
-LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                 num_key_value_heads=8, head_dim=128, vocab_size=128256, rms_norm_eps=1e-5,
-                 max_position_embeddings=131072, bos_token_id=128000, eos_token_id=128009, tie_word_embeddings=False,
-                 rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                  "original_max_position_embeddings": 8192})
+LLAMA3_8B = LLAMA31_8B_CONFIG
 NOATTN = "sift_bench_noattn"
 DENSE_EXPANDED = "sift_bench_dense_kv_expanded"
 
@@ -62,26 +58,9 @@ def _sync(device) -> None:
 # ---- models ----------------------------------------------------------------------------------------------------
 
 def llama3_8b_shaped(device="cuda", dtype=torch.bfloat16, overrides: dict | None = None, seed: int = 0):
-    """Random-weight model with the published Llama-3.1-8B shapes, as a LoadedModel (no tokenizer)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from ..models import LoadedModel, config_hash
-
-    cfg = LlamaConfig(**{**LLAMA3_8B, **(overrides or {})})
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(previous)
-    model.to(device=device, dtype=dtype).eval()
-    model.set_attn_implementation("sdpa")
-    name = "Llama-3-8B-shaped (Llama-3.1-8B config, random bf16 weights)" if not overrides else \
-        f"Llama-shaped {overrides}"
-    return LoadedModel(model, None, name, "random", f"random:seed{seed}", config_hash(cfg), torch.device(device),
-                       dtype)
+    """Random-weight model with the published Llama-3.1-8B shapes, as a LoadedModel."""
+    name = LLAMA31_8B_NAME if not overrides else f"Llama-shaped {overrides}"
+    return random_llama({**LLAMA31_8B_CONFIG, **(overrides or {})}, device, dtype, seed, name)
 
 
 # ---- prompts and bit patterns ----------------------------------------------------------------------------------
