@@ -54,24 +54,22 @@ def _load(model, device, dtype, threads=0):
     return load_model(model, device=device, dtype=dtype)
 
 
-def _floats(text: str, name: str) -> list[float]:
+def _numbers(text: str, name: str, kind, what: str) -> list:
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        vals = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SiftError(f"{name} {text!r}: expected comma-separated numbers") from None
+        raise SiftError(f"{name} {text!r}: expected comma-separated {what}") from None
     if not vals:
         raise SiftError(f"{name}: no values")
     return vals
+
+
+def _floats(text: str, name: str) -> list[float]:
+    return _numbers(text, name, float, "numbers")
 
 
 def _ints(text: str, name: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SiftError(f"{name} {text!r}: expected comma-separated integers") from None
-    if not vals:
-        raise SiftError(f"{name}: no values")
-    return vals
+    return _numbers(text, name, int, "integers")
 
 
 def _lengths(text: str) -> list[int]:
@@ -135,6 +133,16 @@ def _plot(fn, result, path) -> None:
     if path is not None:
         p = fn(result, path)
         err.print(f"wrote {p}")
+
+
+def _report(result: dict, save: Path | None, plot: Path | None, plot_fn, as_json: bool, render) -> None:
+    """What every evaluation command ends with: --save, --plot, then one JSON object (--json) or tables."""
+    _write_json(save, result)
+    _plot(plot_fn, result, plot)
+    if as_json:
+        print_json(result)
+    else:
+        render(result)
 
 
 def _write_json(path: Path | None, obj) -> None:
@@ -203,12 +211,7 @@ def recall(
     with _progress("recall", not as_json) as prog:
         res = run_recall(lm, built, alpha, beta, block_m, block_n, progress=prog)
     res["source"], res["run"] = source, _meta(lm)
-    _write_json(save, res)
-    _plot(_lazy("plot_recall"), res, plot)
-    if as_json:
-        print_json(res)
-        return
-    render_recall(res)
+    _report(res, save, plot, _lazy("plot_recall"), as_json, render_recall)
 
 
 def render_recall(res: dict) -> None:
@@ -353,13 +356,7 @@ def qa(
         runs.append(res)
     result = {"runs": runs, "modes": list(runs[0]["modes"]) if runs else [], "run": _meta(lm),
               "thresholds": cfg.thresholds(), "source": "nq-open-oracle" if nq else str(records)}
-    _write_json(save, result)
-    _plot(_lazy("plot_qa"), result, plot)
-    if as_json:
-        print_json(result)
-        return
-    for r in runs:
-        render_qa(r)
+    _report(result, save, plot, _lazy("plot_qa"), as_json, lambda res: [render_qa(r) for r in res["runs"]])
 
 
 def _read_results(path: Path | None) -> dict:
@@ -453,12 +450,7 @@ def sweep(
         res = run_sweep(lm, pset, pts, eval_backend(backend, lm.device), block_m, block_n, max_new_tokens,
                         with_recall, progress=prog)
     res["run"] = _meta(lm)
-    _write_json(save, res)
-    _plot(_lazy("plot_sweep"), res, plot)
-    if as_json:
-        print_json(res)
-        return
-    render_sweep(res)
+    _report(res, save, plot, _lazy("plot_sweep"), as_json, render_sweep)
 
 
 def render_sweep(res: dict) -> None:
@@ -677,12 +669,8 @@ def bench_prefill(
                      tuple(b.strip() for b in backends.split(",")), repeat, warmup, energy, ratio, ssd_gbps,
                      data_dir, model, cpu_smoke, log=log)
     result = {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke}
-    _write_json(save, result)
-    _plot(lambda res, p: _lazy("plot_bench")(res["rows"], p), result, plot)
-    if as_json:
-        print_json(result)
-        return
-    render_bench(rows, cpu_smoke)
+    _report(result, save, plot, lambda res, p: _lazy("plot_bench")(res["rows"], p), as_json,
+            lambda _: render_bench(rows, cpu_smoke))
 
 
 def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
