@@ -179,8 +179,9 @@ class _BatchState:
 _state = threading.local()
 
 
-def _sdpa(query, key, value, scaling):
-    """Causal SDPA as the stock transformers path calls it (GQA inside the kernel, no repeated K/V)."""
+def causal_sdpa(query, key, value, scaling):
+    """Causal SDPA as the stock transformers path calls it (GQA inside the kernel, no repeated K/V). Every forward
+    that must match the profiling forward (the sweep statistics, the evaluation probes) attends through this."""
     group = query.shape[1] // key.shape[1]
     causal = query.shape[2] > 1
     if group > 1 and key.shape[-1] == value.shape[-1] <= 256:
@@ -195,7 +196,7 @@ def _profile_attention(module, query, key, value, attention_mask, scaling=None, 
     st: _BatchState = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    out = _sdpa(query, key, value, scaling)
+    out = causal_sdpa(query, key, value, scaling)
     layer = module.layer_idx
     if st.fast:
         from .stats_triton import batch_attention_stats

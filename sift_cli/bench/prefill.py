@@ -45,7 +45,6 @@ from .llama import LLAMA31_8B_CONFIG, LLAMA31_8B_NAME, random_llama
 PAPER_LA_DENSITY = 1 - 0.727  # paper §3.2: chosen LA sparsity 72.7%
 PAPER_CA_DENSITY = 1 - 0.942  # paper §3.4: chosen CA sparsity 94.2%
 LENGTHS = (8192, 16384, 32768, 65536)
-LLAMA3_8B = LLAMA31_8B_CONFIG
 NOATTN = "sift_bench_noattn"
 DENSE_EXPANDED = "sift_bench_dense_kv_expanded"
 

@@ -10,7 +10,8 @@ import contextlib
 import threading
 
 import torch
-import torch.nn.functional as F
+
+from ..profile import causal_sdpa
 
 ATTN_NAME = "sift_eval_probe"
 _local = threading.local()
@@ -22,11 +23,7 @@ def _probe_attention(module, query, key, value, attention_mask, scaling=None, dr
     callback = getattr(_local, "callback", None)
     if callback is not None and query.shape[2] == key.shape[2]:
         callback(module.layer_idx, query[0], key[0], scaling)
-    group = query.shape[1] // key.shape[1]
-    if group > 1:
-        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(query, key, value, is_causal=query.shape[2] > 1, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+    return causal_sdpa(query, key, value, scaling).transpose(1, 2).contiguous(), None
 
 
 @contextlib.contextmanager

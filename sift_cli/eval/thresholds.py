@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bits import n_pages, pack_doc
-from ..profile import band_tile_max, plan_batches, probability_bands
+from ..profile import band_tile_max, causal_sdpa, plan_batches, probability_bands
 
 ATTN_NAME = "sift_eval_stats"
 _state = threading.local()
@@ -75,10 +75,7 @@ def _stats_attention(module, query, key, value, attention_mask, scaling=None, dr
     st: _State = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    group = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(
-        query, key.repeat_interleave(group, dim=1) if group > 1 else key,
-        value.repeat_interleave(group, dim=1) if group > 1 else value, is_causal=query.shape[2] > 1, scale=scaling)
+    out = causal_sdpa(query, key, value, scaling)
     for b, n in enumerate(st.lengths):
         tm, pc = doc_stats(query[b], key[b], st.prefix_len, n, scaling, st.tile, st.betas, st.budget)
         st.tmax[b][module.layer_idx] = tm.cpu()
