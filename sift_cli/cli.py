@@ -79,8 +79,8 @@ def profile(
 ):
     """Profile every document of CORPUS into Parquet bit-vector shards under --out."""
     from .corpus import CorpusFormat
+    from .config import resolve_profile_config
     from .job import profile_corpus
-    from .profile import ProfileConfig
     from .workers import detect_rank, owned_shards, worker_device
 
     corpus = _resolve_corpus(corpus)
@@ -99,20 +99,12 @@ def profile(
                             f"(the same number to every worker)")
         only = owned_shards(num_shards, worker.rank, worker.world_size)
     lm = _load(model, worker_device(device, worker.local_rank), dtype, trust_remote_code, online)
-    gpu = lm.device.type == "cuda"
-    from .eval.config import profile_defaults
-
-    defaults = profile_defaults(config, lm)  # flags > sift.toml > built-in
-    if defaults["warning"] and not as_json:
-        err.print(f"[yellow]warning:[/] {escape(defaults['warning'])}")
-    tile = defaults["tile"] if tile is None else tile
-    alpha = defaults["alpha"] if alpha is None else alpha
-    beta = defaults["beta"] if beta is None else beta
-    gamma = defaults["gamma"] if gamma is None else gamma
-    cfg = ProfileConfig(tile=tile, alpha=alpha, beta=beta, gamma=gamma,
-                        batch_tokens=batch_tokens or (65536 if gpu else 16384),
-                        stats_budget_bytes=(2 << 30) if gpu else (256 << 20), stats=stats)
-    cfg.check()
+    resolved = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma,
+                                                  "batch_tokens": batch_tokens, "stats": stats},
+                                      read_file=True, config_file=config, lm=lm)
+    if resolved.warning and not as_json:
+        err.print(f"[yellow]warning:[/] {escape(resolved.warning)}")
+    cfg = resolved.profile
     with token_progress("profiling", not as_json) as progress:
         report = profile_corpus(corpus, out_dir, lm, cfg, fmt, num_shards=num_shards, docs_per_shard=docs_per_shard,
                                 strict=strict, prefix_text=prefix_text, progress=progress, only_shards=only)

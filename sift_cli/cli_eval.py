@@ -102,13 +102,9 @@ def _progress(description: str, enabled: bool):
 
 
 def _profile_cfg(lm, tile, alpha, beta, gamma):
-    from .profile import ProfileConfig
+    from .config import resolve_profile_config
 
-    gpu = lm.device.type == "cuda"
-    cfg = ProfileConfig(tile=tile, alpha=alpha, beta=beta, gamma=gamma, batch_tokens=65536 if gpu else 16384,
-                        stats_budget_bytes=(2 << 30) if gpu else (256 << 20))
-    cfg.check()
-    return cfg
+    return resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma}).profile
 
 
 def _dataset(data: str, data_dir, n_docs: int, n_prompts: int, seed: int, docs_per_prompt: int, words: int):
@@ -569,7 +565,7 @@ def calibrate(
     from .corpus import CorpusFormat
     from .eval.calibrate import Target, calibrate as run_calibrate
     from .eval.common import corpus_prompt_set
-    from .eval.config import write_config
+    from .config_file import write_config
     from .eval.fastref import eval_backend
 
     target = Target(max_kl, min_agreement, min_recall)

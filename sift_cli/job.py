@@ -19,7 +19,8 @@ from .console import temporary_env
 from .corpus import CorpusFormat, Document, load_documents
 from .errors import SiftError
 from .models import LoadedModel, prefix_token_ids
-from .profile import ProfileConfig, launch_profile_batch, plan_batches
+from .config import ProfileConfig
+from .profile import launch_profile_batch, plan_batches
 from .shards import (FORMAT_VERSION, ShardFile, list_parts, matching_keys, part_name, shard_of, token_sha256,
                      write_manifest, write_shard)
 

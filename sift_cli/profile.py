@@ -21,37 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from .bits import n_pages, pack_doc
+from .config import ProfileConfig
 
 ATTN_NAME = "sift_profile"
-STATS_PATHS = ("auto", "torch", "triton")
-
-
-@dataclass(frozen=True)
-class ProfileConfig:
-    tile: int = 64
-    alpha: float = 1e-3
-    beta: float = 1e-2
-    gamma: float = 0.10
-    batch_tokens: int = 16384
-    stats_budget_bytes: int = 256 << 20
-    stats: str = "auto"  # statistics path: torch (reference), triton (fast, stats_triton.py), auto (triton on CUDA)
-
-    def check(self) -> None:
-        from .errors import SiftError
-
-        if self.tile not in (16, 32, 64, 128, 256):
-            raise SiftError(f"--tile {self.tile}: must be a power of two from 16 to 256")
-        for name in ("alpha", "beta", "gamma"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise SiftError(f"--{name} {v}: must be between 0 and 1")
-        if self.batch_tokens < 1:
-            raise SiftError("--batch-tokens must be positive")
-        if self.stats not in STATS_PATHS:
-            raise SiftError(f"--stats {self.stats}: expected one of {', '.join(STATS_PATHS)}")
-
-    def thresholds(self) -> dict:
-        return {"tile_size": self.tile, "alpha": self.alpha, "beta": self.beta, "gamma": self.gamma}
 
 
 @dataclass

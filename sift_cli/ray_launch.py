@@ -25,17 +25,14 @@ def run_worker(corpus: str, out: str, rank: int, world_size: int, num_shards: in
 
     config: ProfileConfig fields (tile, alpha, beta, gamma, batch_tokens, stats, ...); corpus_format: CorpusFormat
     fields. Shared by every launcher that runs workers in-process (Ray here)."""
+    from .config import resolve_profile_config
     from .corpus import CorpusFormat
     from .job import profile_corpus
     from .models import load_model
-    from .profile import ProfileConfig
     from .workers import owned_shards
 
     lm = load_model(model, device=device, dtype=dtype)
-    gpu = lm.device.type == "cuda"
-    fields = {"batch_tokens": 65536 if gpu else 16384, "stats_budget_bytes": (2 << 30) if gpu else (256 << 20),
-              **(config or {})}
-    cfg = ProfileConfig(**fields)
+    cfg = resolve_profile_config(lm.device, config).profile
     report = profile_corpus(corpus, out, lm, cfg, CorpusFormat(**(corpus_format or {})), num_shards=num_shards,
                             strict=strict, prefix_text=prefix_text,
                             only_shards=owned_shards(num_shards, rank, world_size))

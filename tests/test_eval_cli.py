@@ -118,7 +118,7 @@ def test_eval_storage_json(capsys, tmp_path):
 
 
 def test_eval_sweep_and_calibrate(capsys, tmp_path, tiny_ckpt, small_corpus, monkeypatch):
-    from sift_cli.eval.config import profile_defaults
+    from sift_cli.config import profile_defaults
 
     code, out, e = run(capsys, "eval", "sweep", "--corpus", small_corpus, "--model", tiny_ckpt, "--device", "cpu",
                        "--n-prompts", 1, "--docs-per-prompt", 2, "--points", "16,0.001,0.01,0.1;32,0.01,0.03,0.3",
@@ -155,7 +155,7 @@ def test_calibrate_without_a_candidate_writes_nothing(tiny_lm, small_corpus):
 
 def test_eval_recall_from_shards_and_prompts(capsys, tmp_path, tiny_ckpt, tiny_lm, small_corpus):
     from sift_cli.job import profile_corpus
-    from sift_cli.profile import ProfileConfig
+    from sift_cli.config import ProfileConfig
 
     profile_corpus(small_corpus, tmp_path / "sh", tiny_lm, ProfileConfig(tile=16), num_shards=1)
     pf = tmp_path / "prompts.jsonl"

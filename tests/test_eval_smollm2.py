@@ -27,7 +27,7 @@ def test_recall_and_qa_on_three_passages(smol, nq_set, tmp_path):
     from sift_cli.eval.common import compose, ensure_shards
     from sift_cli.eval.qa import run_qa
     from sift_cli.eval.recall import run_recall
-    from sift_cli.profile import ProfileConfig
+    from sift_cli.config import ProfileConfig
 
     shards = ensure_shards(nq_set, smol, ProfileConfig(), tmp_path / "work", num_shards=1)
     prompt = compose(shards, smol, nq_set.prompts[0])

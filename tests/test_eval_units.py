@@ -1,4 +1,4 @@
-"""Pure pieces of the evaluation: answer scoring, QA records, the sift.toml config, storage arithmetic, energy."""
+"""Pure pieces of the evaluation: answer scoring, QA records, storage arithmetic, energy."""
 
 import json
 import math
@@ -6,7 +6,6 @@ import math
 import pytest
 
 from sift_cli.errors import SiftError
-from sift_cli.eval.config import BUILTIN, profile_defaults, read_config, write_config
 from sift_cli.eval.qa import (answer_correct, ctx_id, normalize_answer, read_qa_records, records_prompt_set,
                               summarize_qa, truncate_ctxs)
 from sift_cli.eval.storage import crossover_tokens, kv_bytes, model_table, prompt_table, sift_bytes
@@ -63,32 +62,6 @@ def test_qa_summary():
     assert s["sift"]["accuracy"] == 0.5 and s["sift"]["first_token_agreement"] == 1.0
     assert s["sift"]["kl_mean"] == pytest.approx(0.2) and s["sift"]["accuracy_minus_full"] == -0.5
     assert s["sift"]["cell_density_mean"] == 0.5
-
-
-def test_config_round_trip_and_precedence(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("SIFT_CONFIG", raising=False)
-    assert profile_defaults()["source"] == "built-in defaults"
-    p = write_config(tmp_path / "sift.toml", {"tile": 32, "alpha": 0.003, "beta": 0.01, "gamma": 0.3},
-                     {"model": 'my "model"', "weights": "sha256:abc", "density": 0.5}, "a comment\nline two")
-    d = profile_defaults()  # ./sift.toml is found
-    assert (d["tile"], d["alpha"], d["beta"], d["gamma"]) == (32, 0.003, 0.01, 0.3) and d["source"] == str(p)
-    assert read_config(p)["calibration"]["model"] == 'my "model"'
-
-    class LM:
-        fingerprint = "sha256:other"
-
-    assert "calibrated for weights" in profile_defaults(lm=LM())["warning"]
-    other = write_config(tmp_path / "x" / "other.toml", dict(BUILTIN, tile=128), {})
-    monkeypatch.setenv("SIFT_CONFIG", str(other))
-    assert profile_defaults()["tile"] == 128
-    assert profile_defaults(p)["tile"] == 32  # an explicit path wins
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[profile]\ntile = 64\ndelta = 1\n")
-    with pytest.raises(SiftError, match="unknown key"):
-        profile_defaults(bad)
-    with pytest.raises(SiftError, match="not found"):
-        profile_defaults(tmp_path / "nope.toml")
 
 
 def test_storage_arithmetic_matches_the_paper():

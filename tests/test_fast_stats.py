@@ -24,8 +24,9 @@ if not GPU and not INTERPRETED:
 DEVICE = "cuda" if GPU else "cpu"
 
 from sift_cli import stats_triton as st  # noqa: E402
+from sift_cli.config import ProfileConfig  # noqa: E402
 from sift_cli.errors import SiftError  # noqa: E402
-from sift_cli.profile import ProfileConfig, doc_attention_bits, profile_batch, resolve_stats  # noqa: E402
+from sift_cli.profile import doc_attention_bits, profile_batch, resolve_stats  # noqa: E402
 
 from .helpers import brute_force_bits, eager_attentions, tiny_llama  # noqa: E402
 

@@ -12,7 +12,7 @@ from sift_cli.errors import SiftError
 from sift_cli.job import profile_corpus
 from sift_cli.models import load_model
 from sift_cli.prefill import dense_prefill, run_prefill, sparse_prefill
-from sift_cli.profile import ProfileConfig
+from sift_cli.config import ProfileConfig
 from sift_cli.prompt import assemble
 from sift_cli.shards import ShardSet
 

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from sift_cli.profile import ProfileConfig, doc_attention_bits, plan_batches, profile_batch
+from sift_cli.config import ProfileConfig
+from sift_cli.profile import doc_attention_bits, plan_batches, profile_batch
 
 from .helpers import brute_force_bits, eager_attentions, tiny_llama
 

@@ -3,7 +3,8 @@
 import pytest
 
 from sift_cli.models import load_model, prefix_token_ids
-from sift_cli.profile import ProfileConfig, profile_batch
+from sift_cli.config import ProfileConfig
+from sift_cli.profile import profile_batch
 from sift_cli.sample import sample_documents
 
 from .helpers import brute_force_bits, eager_attentions

@@ -6,7 +6,7 @@ import pytest
 
 from sift_cli.errors import SiftError
 from sift_cli.job import profile_corpus
-from sift_cli.profile import ProfileConfig
+from sift_cli.config import ProfileConfig
 from sift_cli.shards import MANIFEST, ShardSet, decode_metadata, encode_metadata, list_parts, part_name, write_manifest
 from sift_cli.stats import draw_tile_map, inspect_shards, tile_map
 from sift_cli.validate import validate_path

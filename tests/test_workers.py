@@ -15,7 +15,7 @@ import pytest
 
 from sift_cli.errors import SiftError
 from sift_cli.job import profile_corpus
-from sift_cli.profile import ProfileConfig
+from sift_cli.config import ProfileConfig
 from sift_cli.shards import MANIFEST, list_parts, part_name
 from sift_cli.validate import validate_path
 from sift_cli.workers import (BucketClaims, busy_buckets, clean_leftovers, detect_rank, lock_path, owned_shards,

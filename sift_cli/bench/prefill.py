@@ -645,10 +645,10 @@ def essay_token_docs(lm, data, doc_tokens: int, n: int) -> list[list[int]]:
 def real_profiles(lm, docs: list[list[int]], tile: int = 64):
     """DocBits of documents profiled on the spot at the default thresholds."""
     from ..models import prefix_token_ids
-    from ..profile import ProfileConfig, profile_batch
+    from ..config import resolve_profile_config
+    from ..profile import profile_batch
 
-    gpu = lm.device.type == "cuda"
-    cfg = ProfileConfig(tile=tile, stats_budget_bytes=(2 << 30) if gpu else (256 << 20))
+    cfg = resolve_profile_config(lm.device, {"tile": tile}).profile
     prefix = prefix_token_ids(lm.tokenizer)
     out = []
     for d in docs:

@@ -125,10 +125,9 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
     from ..datasets import write_jsonl
     from ..job import tokenize_documents
     from ..models import prefix_token_ids
-    from ..profile import ProfileConfig
+    from ..config import resolve_profile_config
 
     fmt = fmt or CorpusFormat()
-    gpu = lm.device.type == "cuda"
     corpus = write_jsonl(records, work / f"{case}.jsonl")
     warm = write_jsonl(records[: max(1, min(4, len(records) // 4))], work / f"{case}-warm.jsonl")
     prefix = prefix_token_ids(lm.tokenizer, prefix_text)
@@ -142,8 +141,7 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
     log(f"  {model_name} / {case}: dense prefill {row['dense_tok_s']:,.0f} tok/s over {row['docs']} docs")
     digests = {}
     for stats in stats_paths:
-        cfg = ProfileConfig(batch_tokens=batch_tokens, stats_budget_bytes=(2 << 30) if gpu else (256 << 20),
-                            stats=stats)
+        cfg = resolve_profile_config(lm.device, {"batch_tokens": batch_tokens, "stats": stats}).profile
         try:
             _profile_run(lm, warm, work / f"{case}-{stats}-warm", cfg, fmt, prefix_text, docs_per_shard)
             # the fastest of `repeat` whole runs, as for dense (each run starts from an empty directory)

@@ -12,7 +12,6 @@ dicts, so the CLI (`sift_cli/cli_eval.py`) only parses and renders:
 - `qa`         multi-document QA records, the NQ builder, lost-in-the-middle scoring, all modes side by side
 - `thresholds` threshold-free document statistics: bits for any (T, alpha, beta, gamma) from one model pass
 - `sweep`      density and fidelity over a grid of thresholds; `calibrate` picks the sparsest that meets a target
-- `config`     the `sift.toml` file `sift calibrate` writes and `sift profile` reads its defaults from
 - `storage`    SIFT metadata bytes against KV-cache bytes (shard sets and published model configs)
 - `plots`      optional matplotlib figures
 """

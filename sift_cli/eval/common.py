@@ -19,7 +19,7 @@ from ..corpus import CorpusFormat, Document, load_documents, render
 from ..errors import SiftError
 from ..layout import PromptBits, PromptLayout
 from ..models import DEFAULT_INSTRUCTION, LoadedModel, cache_dir, suffix_token_ids
-from ..profile import ProfileConfig
+from ..config import ProfileConfig
 from ..prompt import Prompt, check_model_matches
 from ..shards import ShardSet
 

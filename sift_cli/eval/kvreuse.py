@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..config import CPU_DEFAULTS
 from ..errors import SiftError
 from ..models import LoadedModel
 from ..profile import plan_batches
@@ -62,7 +63,7 @@ class DocKV:
 
 
 @torch.inference_mode()
-def standalone_kv(model, prefix_ids: list[int], docs: list[list[int]], batch_tokens: int = 16384
+def standalone_kv(model, prefix_ids: list[int], docs: list[list[int]], batch_tokens: int = CPU_DEFAULTS.batch_tokens
                   ) -> tuple[DocKV, list[DocKV]]:
     """(prefix KV, per-document KV) from standalone `prefix ‖ doc` passes, batched with right padding (harmless
     under causal attention)."""

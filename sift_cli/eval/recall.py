@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config import CPU_DEFAULTS, device_defaults
 from ..decode import block_mask_for_layer
 from ..prompt import Prompt
 from .common import doc_masks
@@ -35,7 +36,7 @@ class RecallProbe:
     """Callback for `probe.probe_forward`: accumulates counts [layer, head] for one prompt."""
 
     def __init__(self, prompt: Prompt, alpha: float, beta: float, block_m: int = 128, block_n: int = 64,
-                 budget_bytes: int = 256 << 20):
+                 budget_bytes: int = CPU_DEFAULTS.stats_budget_bytes):
         self.prompt, self.alpha, self.beta = prompt, alpha, beta
         self.block_m, self.block_n, self.budget = block_m, block_n, budget_bytes
         L, H = prompt.bits.n_layers, prompt.bits.n_heads
@@ -187,7 +188,7 @@ def run_recall(lm, prompts: list[Prompt], alpha: float, beta: float, block_m: in
     total = {k: np.zeros((L, H), dtype=np.int64) for k in COUNTS}
     mass = np.zeros((L, H))
     per_prompt, areas = [], []
-    budget = (2 << 30) if lm.device.type == "cuda" else (192 << 20)
+    budget = device_defaults(lm.device).stats_budget_bytes
     for i, prompt in enumerate(prompts):
         probe = RecallProbe(prompt, alpha, beta, block_m, block_n, budget)
         probe_forward(lm.model, prompt.input_ids, probe)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import device_defaults
 from ..errors import SiftError
 from ..job import tokenize_documents
 from ..models import prefix_token_ids
@@ -84,9 +85,9 @@ class SweepContext:
         if too_long:
             raise SiftError(f"document {too_long[0]!r} is longer than the model's context")
         betas = tuple(sorted({p.beta for p in points}))
-        gpu = lm.device.type == "cuda"
-        stats = collect_stats(lm.model, self.prefix, tokens, base, betas, batch_tokens=65536 if gpu else 16384,
-                              budget=(2 << 30) if gpu else (256 << 20), progress=progress)
+        defaults = device_defaults(lm.device)
+        stats = collect_stats(lm.model, self.prefix, tokens, base, betas, batch_tokens=defaults.batch_tokens,
+                              budget=defaults.stats_budget_bytes, progress=progress)
         self.docs = {d.doc_id: (t, s) for d, t, s in zip(docs, tokens, stats)}
         self._bits_cache: dict = {}
         self.dense = []
@@ -173,7 +174,7 @@ class SweepContext:
 
         L, H = self.lm.n_layers, self.lm.n_heads
         totals = [({k: np.zeros((L, H), dtype=np.int64) for k in COUNTS}, np.zeros((L, H))) for _ in points]
-        budget = (1 << 30) if self.lm.device.type == "cuda" else (128 << 20)
+        budget = device_defaults(self.lm.device).stats_budget_bytes
         for spec in self.pset.prompts:
             probes = [RecallProbe(self.prompt(spec, pt), pt.alpha, pt.beta, block_m, block_n, budget)
                       for pt in points]

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bits import n_pages, pack_doc
+from ..config import CPU_DEFAULTS
 from ..profile import band_tile_max, causal_sdpa, plan_batches, probability_bands
 
 ATTN_NAME = "sift_eval_stats"
@@ -38,7 +39,7 @@ class DocStats:
 
 
 def doc_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
-              betas: tuple[float, ...], budget: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor]:
+              betas: tuple[float, ...], budget: int = CPU_DEFAULTS.stats_budget_bytes) -> tuple[torch.Tensor, torch.Tensor]:
     """tile_max [H, P, P] and page_conc [nβ, H, P] of one document (q [H, S, D], k [H_kv, S, D], post-RoPE)."""
     H = q.shape[0]
     T, P = tile, n_pages(n_doc, tile)
@@ -85,7 +86,8 @@ def _stats_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 @torch.inference_mode()
 def collect_stats(model, prefix_ids: list[int], docs: list[list[int]], tile: int, betas: tuple[float, ...],
-                  batch_tokens: int = 16384, budget: int = 256 << 20, progress=None) -> list[DocStats]:
+                  batch_tokens: int = CPU_DEFAULTS.batch_tokens, budget: int = CPU_DEFAULTS.stats_budget_bytes,
+                  progress=None) -> list[DocStats]:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTN_NAME, _stats_attention)

@@ -1,4 +1,4 @@
-"""`sift.toml`: profile thresholds chosen by `sift calibrate`, read by `sift profile` as its defaults.
+"""`sift.toml`: the profile thresholds `sift calibrate` chose, which `sift profile` takes as its defaults.
 
 Where: `--config PATH`, else `$SIFT_CONFIG`, else `./sift.toml` in the working directory (like other tools'
 project files: it travels with the corpus and the scripts that profile it). Format:
@@ -16,20 +16,19 @@ project files: it travels with the corpus and the scripts that profile it). Form
     target = "kl <= 0.001"
     …
 
-Command-line flags still win over the file; the file wins over the built-in defaults. When the file was calibrated
-for other weights than the model being profiled, `profile_defaults` says so (the thresholds are still used: the
-user asked for this file).
+This module reads and writes the file; `config.resolve_profile_config` decides what wins over what.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from ..errors import SiftError
+from .errors import SiftError
 
-BUILTIN = {"tile": 64, "alpha": 1e-3, "beta": 1e-2, "gamma": 0.10}
 FILE_NAME = "sift.toml"
+THRESHOLD_KEYS = ("tile", "alpha", "beta", "gamma")
 
 
 def config_path(explicit: str | Path | None = None) -> Path | None:
@@ -58,8 +57,6 @@ def _parse_toml(text: str, origin: str) -> dict:
     except Exception as exc:
         raise SiftError(f"{origin}: not valid TOML ({exc})") from exc
     # Python 3.10: the flat subset this module writes (sections, key = number | "string" | true/false)
-    import json
-
     out: dict = {}
     section = out
     for lineno, raw in enumerate(text.splitlines(), 1):
@@ -88,30 +85,13 @@ def read_config(path: Path) -> dict:
     prof = data.get("profile", {})
     if not isinstance(prof, dict):
         raise SiftError(f"{path}: [profile] must be a table")
-    unknown = set(prof) - set(BUILTIN)
+    unknown = set(prof) - set(THRESHOLD_KEYS)
     if unknown:
         raise SiftError(f"{path}: unknown key {sorted(unknown)[0]!r} in [profile] (known: tile, alpha, beta, gamma)")
     for key, value in prof.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise SiftError(f"{path}: [profile] {key} must be a number")
     return data
-
-
-def profile_defaults(explicit: str | Path | None = None, lm=None) -> dict:
-    """{tile, alpha, beta, gamma, source, warning}: built-in defaults overridden by the config file's [profile]."""
-    out = dict(BUILTIN, source="built-in defaults", warning=None)
-    path = config_path(explicit)
-    if path is None:
-        return out
-    data = read_config(path)
-    for key, value in data.get("profile", {}).items():
-        out[key] = int(value) if key == "tile" else float(value)
-    out["source"] = str(path)
-    cal = data.get("calibration", {})
-    if lm is not None and cal.get("weights") and cal.get("weights") != lm.fingerprint:
-        out["warning"] = (f"{path} was calibrated for weights {str(cal.get('weights'))[:24]}…, not the model "
-                          f"being profiled ({lm.fingerprint[:24]}…); its thresholds are used anyway")
-    return out
 
 
 def _toml_value(v) -> str:
@@ -128,7 +108,7 @@ def write_config(path: str | Path, profile: dict, calibration: dict, comment: st
     p = Path(path)
     lines = [f"# {line}" for line in comment.splitlines()] if comment else []
     lines.append("[profile]")
-    lines.extend(f"{k} = {_toml_value(profile[k])}" for k in ("tile", "alpha", "beta", "gamma"))
+    lines.extend(f"{k} = {_toml_value(profile[k])}" for k in THRESHOLD_KEYS)
     lines.append("")
     lines.append("[calibration]")
     lines.extend(f"{k} = {_toml_value(v)}" for k, v in calibration.items() if v is not None)
