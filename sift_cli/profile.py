@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .attention.swap import swapped_attention
 from .bits import n_pages, pack_doc
 from .config import ProfileConfig
 
@@ -188,12 +189,6 @@ def _profile_attention(module, query, key, value, attention_mask, scaling=None, 
     return out.transpose(1, 2).contiguous(), None
 
 
-def register_profile_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _profile_attention)
-
-
 def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: ProfileConfig) -> list[DocBits]:
     """Bits of each document in `docs` (token id lists), run as one right-padded batch of `prefix ‖ doc`.
 
@@ -216,7 +211,6 @@ def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cf
     packing, device → host copies) and returns `collect`, which waits for it and returns the DocBits. On the fast
     path the host does not wait for the GPU in between, so a caller can launch batch i + 1 before collecting batch
     i and keep the GPU busy while the host turns finished bits into shard rows. Other paths finish here."""
-    register_profile_attention()
     device = next(model.parameters()).device
     longest = len(prefix_ids) + max(len(d) for d in docs)
     pad = 0
@@ -227,17 +221,15 @@ def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cf
     n_layers = model.config.num_hidden_layers
     fast = resolve_stats(cfg.stats, device) == "triton"
     lengths = [len(d) for d in docs]
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(ATTN_NAME)
-    lengths_dev = _to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
-    _state.current = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev)
-    try:
-        base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
-        base(input_ids=_to_device(torch.from_numpy(rows), device), use_cache=False)
-        st = _state.current
-    finally:
-        _state.current = None
-        model.set_attn_implementation(previous)
+    with swapped_attention(model, ATTN_NAME, _profile_attention):
+        lengths_dev = _to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
+        _state.current = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev)
+        try:
+            base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
+            base(input_ids=_to_device(torch.from_numpy(rows), device), use_cache=False)
+            st = _state.current
+        finally:
+            _state.current = None
     if fast:  # all layers folded at once, then packed on the device per group of equal page counts
         from .stats_triton import fold_bits
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sift_cli.attention.swap import swapped_attention
 from sift_cli.bits import n_pages
 
 
@@ -22,12 +23,8 @@ def tiny_llama(seed=0, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=211, in
 @torch.no_grad()
 def eager_attentions(model, ids: list[int]) -> list[np.ndarray]:
     """Full softmax matrices [H, S, S] per layer, from the model's own eager attention."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
+    with swapped_attention(model, "eager"):
         out = model(torch.tensor([ids]), output_attentions=True, use_cache=False)
-    finally:
-        model.set_attn_implementation(previous)
     return [a[0].double().numpy() for a in out.attentions]
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import BlockLayout
+from .swap import swapped_attention
 
 ATTN_NAME = "sift"
 _local = threading.local()
@@ -56,12 +57,6 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
     return out.transpose(0, 1).unsqueeze(0).contiguous(), None
 
 
-def register() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, sift_attention_forward)
-
-
 def prepare_plan(backend, layouts: list[BlockLayout]) -> SparsePlan:
     prep = getattr(backend, "prepare", None)
     return SparsePlan(backend, layouts, [prep(lay) if prep else None for lay in layouts])
@@ -70,12 +65,9 @@ def prepare_plan(backend, layouts: list[BlockLayout]) -> SparsePlan:
 @contextlib.contextmanager
 def sparse_attention(model, plan: SparsePlan):
     """Inside the block, the model's forward computes attention block-sparsely as `plan` says."""
-    register()
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(ATTN_NAME)
-    _local.plan = plan
-    try:
-        yield
-    finally:
-        _local.plan = None
-        model.set_attn_implementation(previous)
+    with swapped_attention(model, ATTN_NAME, sift_attention_forward):
+        _local.plan = plan
+        try:
+            yield
+        finally:
+            _local.plan = None

@@ -29,6 +29,7 @@ least a second; E is joules per prefill; tokens/J = L / E; EDP = E·t; ED²P = E
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..attention.swap import swapped_attention
 from ..errors import SiftError
 from ..layout import PromptBits, PromptLayout
 from .llama import LLAMA31_8B_CONFIG, LLAMA31_8B_NAME, random_llama
@@ -153,30 +155,15 @@ def _dense_expanded(module, query, key, value, attention_mask, scaling=None, dro
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register():
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(NOATTN, _noattn)
-    AttentionInterface.register(DENSE_EXPANDED, _dense_expanded)
+_STAND_INS = {NOATTN: _noattn, DENSE_EXPANDED: _dense_expanded}
 
 
-class _Impl:
-    """Temporarily switch the model's attention implementation."""
-
-    def __init__(self, model, name):
-        self.model, self.name = model, name
-
-    def __enter__(self):
-        self.prev = self.model.config._attn_implementation
-        self.model.set_attn_implementation(self.name)
-
-    def __exit__(self, *exc):
-        self.model.set_attn_implementation(self.prev)
+def _stand_in(model, name: str | None):
+    """The model's attention replaced by the stand-in `name` inside the block (None: left as it is)."""
+    return swapped_attention(model, name, _STAND_INS[name]) if name else contextlib.nullcontext()
 
 
 def _sdpa_pin(device, kernel: str):
-    import contextlib
-
     if torch.device(device).type != "cuda" or kernel == "default":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -381,7 +368,6 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
     from ..eval.kvreuse import blend_forward, inv_freq_of
     from ..prefill import sparse_prefill
 
-    _register()
     lm = case.lm
     model, dev = lm.model, lm.device
     L = len(case.input_ids)
@@ -416,7 +402,7 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
         with torch.inference_mode():
             for attempt in ((kernel, None), (kernel, DENSE_EXPANDED), ("default", None)):
                 try:
-                    with _sdpa_pin(dev, attempt[0]), (_Impl(model, attempt[1]) if attempt[1] else _null()):
+                    with _sdpa_pin(dev, attempt[0]), _stand_in(model, attempt[1]):
                         forward()
                         _sync(dev)
                     kernel, impl = attempt
@@ -426,7 +412,7 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
                     torch.cuda.empty_cache() if dev.type == "cuda" else None
 
             def dense():
-                with _sdpa_pin(dev, kernel), (_Impl(model, impl) if impl else _null()):
+                with _sdpa_pin(dev, kernel), _stand_in(model, impl):
                     forward()
 
             full_runs = timed(dense, dev, repeat, max(0, warmup - 1))
@@ -437,7 +423,7 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
             rows.append(row)
             log(f"  {L:>6} full        {full:9.1f} ms  ({row['dense_kernel']})")
 
-            with _Impl(model, NOATTN):
+            with _stand_in(model, NOATTN):
                 rest_runs = timed(forward, dev, repeat, warmup)
             rest = statistics.median(rest_runs)
             rows.append({**base, "mode": "no-attention", "ttft_ms": rest, "runs_ms": rest_runs})
@@ -572,14 +558,6 @@ def _cuda_decoder_ok(dev) -> bool:
 
         return CudaBackend.available(dev)[0]
     except Exception:
-        return False
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
         return False
 
 

@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from ..attention.swap import swapped_attention
 from ..profile import causal_sdpa
 
 ATTN_NAME = "sift_eval_probe"
@@ -28,17 +29,12 @@ def _probe_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 @contextlib.contextmanager
 def attention_probe(model, callback):
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _probe_attention)
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(ATTN_NAME)
-    _local.callback = callback
-    try:
-        yield
-    finally:
-        _local.callback = None
-        model.set_attn_implementation(previous)
+    with swapped_attention(model, ATTN_NAME, _probe_attention):
+        _local.callback = callback
+        try:
+            yield
+        finally:
+            _local.callback = None
 
 
 @torch.inference_mode()

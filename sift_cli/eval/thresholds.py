@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bits import n_pages, pack_doc
+from ..attention.swap import swapped_attention
 from ..config import CPU_DEFAULTS
 from ..profile import band_tile_max, causal_sdpa, plan_batches, probability_bands
 
@@ -88,34 +89,29 @@ def _stats_attention(module, query, key, value, attention_mask, scaling=None, dr
 def collect_stats(model, prefix_ids: list[int], docs: list[list[int]], tile: int, betas: tuple[float, ...],
                   batch_tokens: int = CPU_DEFAULTS.batch_tokens, budget: int = CPU_DEFAULTS.stats_budget_bytes,
                   progress=None) -> list[DocStats]:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _stats_attention)
     device = next(model.parameters()).device
     L = model.config.num_hidden_layers
     out: list[DocStats | None] = [None] * len(docs)
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(ATTN_NAME)
     done = 0
-    try:
-        for batch in plan_batches([len(d) for d in docs], len(prefix_ids), batch_tokens):
-            longest = len(prefix_ids) + max(len(docs[i]) for i in batch)
-            ids = torch.zeros(len(batch), longest, dtype=torch.long)
-            for row, i in enumerate(batch):
-                ids[row, : len(prefix_ids) + len(docs[i])] = torch.tensor(list(prefix_ids) + list(docs[i]))
-            st = _State(len(prefix_ids), [len(docs[i]) for i in batch], tile, tuple(betas), budget,
-                        [[None] * L for _ in batch], [[None] * L for _ in batch])
-            _state.current = st
-            getattr(model, "model", model)(input_ids=ids.to(device), use_cache=False)
-            for row, i in enumerate(batch):
-                out[i] = DocStats(len(docs[i]), tile, tuple(betas), torch.stack(st.tmax[row]),
-                                  torch.stack(st.conc[row], dim=1))
-            done += sum(len(docs[i]) for i in batch)
-            if progress:
-                progress(done, sum(map(len, docs)))
-    finally:
-        _state.current = None
-        model.set_attn_implementation(previous)
+    with swapped_attention(model, ATTN_NAME, _stats_attention):
+        try:
+            for batch in plan_batches([len(d) for d in docs], len(prefix_ids), batch_tokens):
+                longest = len(prefix_ids) + max(len(docs[i]) for i in batch)
+                ids = torch.zeros(len(batch), longest, dtype=torch.long)
+                for row, i in enumerate(batch):
+                    ids[row, : len(prefix_ids) + len(docs[i])] = torch.tensor(list(prefix_ids) + list(docs[i]))
+                st = _State(len(prefix_ids), [len(docs[i]) for i in batch], tile, tuple(betas), budget,
+                            [[None] * L for _ in batch], [[None] * L for _ in batch])
+                _state.current = st
+                getattr(model, "model", model)(input_ids=ids.to(device), use_cache=False)
+                for row, i in enumerate(batch):
+                    out[i] = DocStats(len(docs[i]), tile, tuple(betas), torch.stack(st.tmax[row]),
+                                      torch.stack(st.conc[row], dim=1))
+                done += sum(len(docs[i]) for i in batch)
+                if progress:
+                    progress(done, sum(map(len, docs)))
+        finally:
+            _state.current = None
     return out
 
 
