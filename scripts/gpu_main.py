@@ -133,12 +133,12 @@ def attention_breakdown(lm, data, work, limit=0):
     prompt = assemble(shards, lm, [r["id"] for r in recs], "What is the main argument of the first essay?")
     L, H, Hkv, D = prompt.layout.seq_len, lm.n_heads, lm.n_kv_heads, lm.head_dim
     bits = prompt.bits.to(lm.device)
-    layouts = decode_all_layers(bits, lm.n_layers, 128, 64, "cuda")
+    block_lists = decode_all_layers(bits, lm.n_layers, 128, 64, "cuda")
     g = torch.Generator(device=lm.device).manual_seed(0)
     q = torch.randn(1, L, H, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
     k = torch.randn(1, L, Hkv, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
     v = torch.randn(1, L, Hkv, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
-    rows = {"L": L, "density": sum(x.computed_blocks() for x in layouts) / sum(x.causal_blocks() for x in layouts)}
+    rows = {"L": L, "density": sum(x.computed_blocks() for x in block_lists) / sum(x.causal_blocks() for x in block_lists)}
 
     def timed(fn, n=5):
         fn()
@@ -157,7 +157,7 @@ def attention_breakdown(lm, data, work, limit=0):
         return statistics.median(gpus), statistics.median(walls)
 
     def dense():
-        for _ in layouts:
+        for _ in block_lists:
             F.scaled_dot_product_attention(q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1),
                                            is_causal=True, scale=D ** -0.5)
 
@@ -177,7 +177,7 @@ def attention_breakdown(lm, data, work, limit=0):
     try:
         be = get_backend("cuda", lm.device)
         rows["cuda_one_call_host_ms_behind_50ms_sleep"] = host_ms_behind_sleep(
-            lambda: be.forward(q[0], k[0], v[0], layouts[0], D ** -0.5))
+            lambda: be.forward(q[0], k[0], v[0], block_lists[0], D ** -0.5))
         from sift_cli.kernels import tensor_map_bf16_3d
         rows["tma_encode_host_ms_behind_sleep"] = host_ms_behind_sleep(lambda: tensor_map_bf16_3d(q[0], 128))
     except Exception as exc:
@@ -185,10 +185,10 @@ def attention_breakdown(lm, data, work, limit=0):
     for name in ("cuda", "flex"):
         try:
             be = get_backend(name, lm.device)
-            plans = [be.prepare(x) if hasattr(be, "prepare") else None for x in layouts]
+            plans = [be.prepare(x) if hasattr(be, "prepare") else None for x in block_lists]
 
             def sparse(be=be, plans=plans):
-                for x, p in zip(layouts, plans):
+                for x, p in zip(block_lists, plans):
                     be.forward(q[0], k[0], v[0], x, D ** -0.5, **({} if p is None else {"plan": p}))
 
             rows[f"{name}_30_layers_ms"], rows[f"{name}_host_ms"] = timed(sparse)
@@ -200,7 +200,7 @@ def attention_breakdown(lm, data, work, limit=0):
     class SdpaThroughIntegration:
         name = "sdpa-via-integration"
 
-        def forward(self, q_, k_, v_, layout, scale, return_lse=False):
+        def forward(self, q_, k_, v_, blocks, scale, return_lse=False):
             g_ = q_.shape[0] // k_.shape[0]
             return F.scaled_dot_product_attention(q_[None], k_[None], v_[None], is_causal=True, scale=scale,
                                                   enable_gqa=g_ > 1)[0]
@@ -227,11 +227,11 @@ def attention_breakdown(lm, data, work, limit=0):
 
     rows["forward_sdpa_ms"], rows["forward_sdpa_host_ms"] = timed(whole(), 10)
     rows["forward_sdpa_via_integration_ms"], _ = timed(whole(integration.prepare_plan(SdpaThroughIntegration(),
-                                                                                      layouts)), 10)
+                                                                                      block_lists)), 10)
     for name in ("cuda", "flex"):
         try:
             rows[f"forward_{name}_ms"], rows[f"forward_{name}_host_ms"] = timed(
-                whole(integration.prepare_plan(get_backend(name, lm.device), layouts)), 10)
+                whole(integration.prepare_plan(get_backend(name, lm.device), block_lists)), 10)
         except Exception as exc:
             rows[f"forward_{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
     rows["attention_mask_passed"] = any(masks_seen)

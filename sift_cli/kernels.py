@@ -1,9 +1,9 @@
 """The bundled CUDA kernels (kernels/*.cu): run-time compilation through CuPy (NVRTC), launch on torch's stream.
 
-* `sparse_attention_forward(q, k, v, layout, scale, return_lse)`: the Hopper (sm_90a) block-sparse attention
+* `sparse_attention_forward(q, k, v, blocks, scale, return_lse)`: the Hopper (sm_90a) block-sparse attention
   forward of kernels/sparse_attn_fwd.cu (TMA + mbarrier ring + warp-specialised WGMMA).
 * `CudaDecoder(bits_on_gpu, block_m, block_n).layer(l)` / `decode_layer_cuda(...)`: the two-pass bit-vector
-  decode of kernels/decode.cu, producing exactly the CSR lists of sift_cli.decode.decode_layer.
+  decode of kernels/decode.cu, producing exactly the CSR lists of sift_cli.block_lists.decode_layer.
 
 Nothing here falls back silently: when a kernel cannot run (no CuPy, no sm_90 GPU, unsupported shape) a
 SiftError says why. Sources are found in $SIFT_KERNELS_DIR, next to the package in a source checkout
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .attention.base import BlockLayout
+from .attention.base import BlockLists
 from .errors import SiftError
 
 BLOCK_M = 128
@@ -235,31 +235,32 @@ def _launch_driver(kern, grid, block, args, smem, device):
         raise SiftError(f"cuLaunchKernel failed with CUresult {rc}")
 
 
-def check_layout(layout: BlockLayout, H: int, L: int, device: torch.device) -> BlockLayout:
-    if layout.block_m != BLOCK_M:
-        raise SiftError(f"the cuda backend needs query blocks of {BLOCK_M} rows, the layout has {layout.block_m}")
-    if layout.block_n not in BLOCK_NS:
-        raise SiftError(f"the cuda backend needs KV blocks of 64 or 128, the layout has {layout.block_n}")
+def check_block_lists(blocks: BlockLists, H: int, L: int, device: torch.device) -> BlockLists:
+    if blocks.block_m != BLOCK_M:
+        raise SiftError(f"the cuda backend needs query blocks of {BLOCK_M} rows, the block lists have "
+                        f"{blocks.block_m}")
+    if blocks.block_n not in BLOCK_NS:
+        raise SiftError(f"the cuda backend needs KV blocks of 64 or 128, the block lists have {blocks.block_n}")
     M = -(-L // BLOCK_M)
-    if layout.seq_len != L or tuple(layout.offsets.shape) != (H, M + 1):
-        raise SiftError(f"block layout is for H={layout.n_heads}, L={layout.seq_len}; attention has H={H}, L={L}")
-    if layout.offsets.dtype != torch.int32 or layout.indices.dtype != torch.int32:
-        raise SiftError("block layout offsets and indices must be int32")
-    if layout.offsets.device != device or layout.indices.device != device:
-        layout = layout.to(device)
-    if not (layout.offsets.is_contiguous() and layout.indices.is_contiguous()):
-        layout = BlockLayout(layout.offsets.contiguous(), layout.indices.contiguous(), layout.block_m,
-                             layout.block_n, layout.seq_len)
-    return layout
+    if blocks.seq_len != L or tuple(blocks.offsets.shape) != (H, M + 1):
+        raise SiftError(f"block lists are for H={blocks.n_heads}, L={blocks.seq_len}; attention has H={H}, L={L}")
+    if blocks.offsets.dtype != torch.int32 or blocks.indices.dtype != torch.int32:
+        raise SiftError("block list offsets and indices must be int32")
+    if blocks.offsets.device != device or blocks.indices.device != device:
+        blocks = blocks.to(device)
+    if not (blocks.offsets.is_contiguous() and blocks.indices.is_contiguous()):
+        blocks = BlockLists(blocks.offsets.contiguous(), blocks.indices.contiguous(), blocks.block_m,
+                            blocks.block_n, blocks.seq_len)
+    return blocks
 
 
-def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
+def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists,
                              scale: float, return_lse: bool = False, out: torch.Tensor | None = None,
                              lse: torch.Tensor | None = None, stages: int | None = None, pingpong: bool = True,
                              persistent: bool = False, extra: dict | None = None):
     """Block-sparse causal attention: q [H, L, D], k/v [H_kv, L, D] bf16 → out [H, L, D] bf16 (+ lse [H, L]).
 
-    Row (h, m) of `layout` lists, in descending order, the KV blocks query block m of head h computes.
+    Row (h, m) of `blocks` lists, in descending order, the KV blocks query block m of head h computes.
     persistent: launch one CTA per SM walking tiles round-robin instead of one CTA per tile (measured no faster
     with static round-robin, so off by default; see docs/kernels.md).
     """
@@ -280,7 +281,7 @@ def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if D not in HEAD_DIMS:
         raise SiftError(f"the cuda backend supports head_dim 64 and 128, not {D}")
     device = q.device
-    layout = check_layout(layout, H, L, device)
+    blocks = check_block_lists(blocks, H, L, device)
     if out is None:
         out = torch.empty(H, L, D, dtype=torch.bfloat16, device=device)
     elif tuple(out.shape) != (H, L, D) or out.dtype != torch.bfloat16 or not out.is_contiguous():
@@ -289,14 +290,14 @@ def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         lse = torch.empty(H, L, dtype=torch.float32, device=device)
     if L == 0:
         return (out, lse) if return_lse else out
-    kern, smem = attention_kernel(D, layout.block_n, device.index, stages, pingpong, extra)
+    kern, smem = attention_kernel(D, blocks.block_n, device.index, stages, pingpong, extra)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     tq = tensor_map_bf16_3d(q, BLOCK_M)
-    tk = tensor_map_bf16_3d(k, layout.block_n)
-    tv = tensor_map_bf16_3d(v, layout.block_n)
+    tk = tensor_map_bf16_3d(k, blocks.block_n)
+    tv = tensor_map_bf16_3d(v, blocks.block_n)
     M = -(-L // BLOCK_M)
     lse_ptr = lse.data_ptr() if return_lse else out.data_ptr()
-    args = (tq, tk, tv, out.data_ptr(), lse_ptr, layout.offsets.data_ptr(), layout.indices.data_ptr(),
+    args = (tq, tk, tv, out.data_ptr(), lse_ptr, blocks.offsets.data_ptr(), blocks.indices.data_ptr(),
             np.int32(L), np.int32(H), np.int32(H // H_kv), np.int32(M), np.float32(scale * math.log2(math.e)),
             np.int32(1 if return_lse else 0))
     tiles = H * M
@@ -371,16 +372,16 @@ class CudaDecoder:
             _launch(self.k_write, (self.M, self.H, 1), (DEC_THREADS, 1, 1),
                     self.common + (np.int32(layer), offsets.data_ptr(), indices.data_ptr()), 0, self.device)
 
-    def layer(self, layer: int) -> BlockLayout:
+    def layer(self, layer: int) -> BlockLists:
         i = layer - self.layers.start
         if not 0 <= i < len(self.layers):
             raise SiftError(f"layer {layer} is outside the decoded range {self.layers}")
         offsets = self.offsets[i]
         indices = torch.empty(int(self.nnz[i]), dtype=torch.int32, device=self.device)
         self.write(layer, offsets, indices)
-        return BlockLayout(offsets, indices, self.block_m, self.block_n, self.seq_len)
+        return BlockLists(offsets, indices, self.block_m, self.block_n, self.seq_len)
 
 
-def decode_layer_cuda(bits, layer: int, block_m: int = 128, block_n: int = 64) -> BlockLayout:
+def decode_layer_cuda(bits, layer: int, block_m: int = 128, block_n: int = 64) -> BlockLists:
     """SPEC §7 CSR lists of one layer, from bit vectors already on the GPU (identical to decode.decode_layer)."""
     return CudaDecoder(bits, block_m, block_n, layers=range(layer, layer + 1)).layer(layer)

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import get_backend
-from .attention.base import BlockLayout
+from .attention.base import BlockLists
 from .attention.integration import prepare_plan, sparse_attention
-from .decode import cell_density, decode_layer
+from .block_lists import cell_density, decode_layer
 from .layout import PromptBits
 from .models import LoadedModel
 from .prompt import Prompt
@@ -23,7 +23,7 @@ def _sync(device: torch.device) -> None:
 
 
 def decode_all_layers(bits: PromptBits, n_layers: int, block_m: int, block_n: int,
-                      decoder: str = "torch") -> list[BlockLayout]:
+                      decoder: str = "torch") -> list[BlockLists]:
     """Every layer's CSR lists, with the PyTorch decoder or the CUDA kernel (bits already on the device)."""
     if decoder == "cuda":
         from .kernels import CudaDecoder
@@ -49,7 +49,7 @@ class SparseRun:
     transfer_ms: float
     decode_ms: float
     forward_ms: float
-    layouts: list[BlockLayout] = field(repr=False)
+    block_lists: list[BlockLists] = field(repr=False)
 
     @property
     def ttft_ms(self) -> float:
@@ -73,8 +73,8 @@ def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, 
     bits = prompt.bits.to(dev)  # every layer's bit vectors go to the device once per prompt
     _sync(dev)
     t1 = time.perf_counter()
-    layouts = decode_all_layers(bits, lm.n_layers, block_m, block_n, decoder)
-    plan = prepare_plan(backend, layouts)
+    block_lists = decode_all_layers(bits, lm.n_layers, block_m, block_n, decoder)
+    plan = prepare_plan(backend, block_lists)
     _sync(dev)
     t2 = time.perf_counter()
     with sparse_attention(lm.model, plan):
@@ -82,12 +82,12 @@ def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, 
     _sync(dev)
     t3 = time.perf_counter()
     return SparseRun(out.logits[0, -1].float(), out.past_key_values, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
-                     (t3 - t2) * 1e3, layouts)
+                     (t3 - t2) * 1e3, block_lists)
 
 
 @torch.inference_mode()
-def greedy_continue(lm: LoadedModel, logits: torch.Tensor, past, max_new_tokens: int) -> list[int]:
-    """Dense decoding from a prefilled KV cache."""
+def greedy_generate(lm: LoadedModel, logits: torch.Tensor, past, max_new_tokens: int) -> list[int]:
+    """Dense greedy generation from a prefilled KV cache."""
     tokens = []
     eos = lm.model.config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -110,10 +110,10 @@ def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict:
             "dense_first_token": int(dense.argmax()), "sift_first_token": int(sparse.argmax())}
 
 
-def density_report(layouts: list[BlockLayout]) -> dict:
-    per_layer = [{"layer": i, "blocks": lay.density(), "cells": cell_density(lay)} for i, lay in enumerate(layouts)]
-    computed = sum(lay.computed_blocks() for lay in layouts)
-    causal = sum(lay.causal_blocks() for lay in layouts)
+def density_report(block_lists: list[BlockLists]) -> dict:
+    per_layer = [{"layer": i, "blocks": b.density(), "cells": cell_density(b)} for i, b in enumerate(block_lists)]
+    computed = sum(b.computed_blocks() for b in block_lists)
+    causal = sum(b.causal_blocks() for b in block_lists)
     return {"blocks": computed / causal, "cells": sum(r["cells"] for r in per_layer) / len(per_layer),
             "computed_blocks": computed, "causal_blocks": causal, "per_layer": per_layer}
 
@@ -136,15 +136,15 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, backend_name: str = "auto", rep
     med = statistics.median
     dense_ms, sift_ms = med(dense_times), med(r.ttft_ms for r in sift_runs)
     decode_ms = med(r.decode_ms for r in sift_runs)
-    dense_tokens = greedy_continue(lm, d_logits, d_past, max_new_tokens)
-    sift_tokens = greedy_continue(lm, s.logits, s.past, max_new_tokens)
+    dense_tokens = greedy_generate(lm, d_logits, d_past, max_new_tokens)
+    sift_tokens = greedy_generate(lm, s.logits, s.past, max_new_tokens)
     tok = lm.tokenizer
     return {
         "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
         "backend": backend.name, "decoder": decoder, "block_m": block_m, "block_n": block_n,
         "tile_size": prompt.bits.tile, "doc_ids": prompt.doc_ids,
         "prompt_tokens": prompt.segment_tokens(),
-        "density": density_report(s.layouts),
+        "density": density_report(s.block_lists),
         "dense": {"ttft_ms": dense_ms, "runs_ms": dense_times, "text": tok.decode(dense_tokens,
                                                                                    skip_special_tokens=True)},
         "sift": {"ttft_ms": sift_ms, "runs_ms": [r.ttft_ms for r in sift_runs],

@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from sift_cli.attention.reference import block_sparse_attention
-from sift_cli.decode import decode_layer, dense_layout, layout_from_mask
+from sift_cli.block_lists import decode_layer, dense_block_lists, block_lists_from_mask
 
-from .test_decode import random_prompt
+from .test_block_lists import random_prompt
 
 pytestmark = pytest.mark.gpu
 
 
-def random_layout(H, L, bm, bn, density, seed):
+def random_block_lists(H, L, bm, bn, density, seed):
     g = torch.Generator().manual_seed(seed)
     M, N = -(-L // bm), -(-L // bn)
     q_last = torch.clamp(torch.arange(M) * bm + bm, max=L) - 1
@@ -21,7 +21,7 @@ def random_layout(H, L, bm, bn, density, seed):
     q_first = torch.arange(M) * bm
     for kb in range(N):  # blocks holding a row's own key are always listed (as decode guarantees)
         mask[:, (q_first // bn <= kb) & (kb <= q_last // bn), kb] = True
-    return layout_from_mask(mask, bm, bn, L)
+    return block_lists_from_mask(mask, bm, bn, L)
 
 
 def rel_err(a, b):
@@ -38,7 +38,8 @@ def test_flex_equals_reference(L, D, H, H_kv, density):
     q = torch.randn(H, L, D, device=dev, dtype=torch.bfloat16)
     k = torch.randn(H_kv, L, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn(H_kv, L, D, device=dev, dtype=torch.bfloat16)
-    lay = (dense_layout(L, H, 128, 64, dev) if density == 1.0 else random_layout(H, L, 128, 64, density, L).to(dev))
+    lay = (dense_block_lists(L, H, 128, 64, dev) if density == 1.0
+           else random_block_lists(H, L, 128, 64, density, L).to(dev))
     ref, ref_lse = block_sparse_attention(q, k, v, lay, D ** -0.5, return_lse=True)
     out, lse = FlexBackend().forward(q, k, v, lay, D ** -0.5, return_lse=True)
     assert torch.isfinite(out.float()).all()

@@ -6,7 +6,7 @@ import torch
 
 from sift_cli.attention.reference import block_sparse_attention
 from sift_cli.corpus import Document
-from sift_cli.decode import block_mask_for_layer, decode_layer, doc_ca_pages, doc_la_tiles, layout_from_mask
+from sift_cli.block_lists import block_mask_for_layer, decode_layer, doc_ca_pages, doc_la_tiles, block_lists_from_mask
 from sift_cli.eval.common import PromptSet, PromptSpec, compose, ensure_shards
 from sift_cli.eval.fastref import BandedReferenceBackend, banded_block_sparse_attention, eval_backend
 from sift_cli.eval.recall import area_shares, run_recall
@@ -44,7 +44,7 @@ def test_banded_reference_equals_reference(L, bm, bn, H, Hkv, rows):
     k_first = torch.arange(N) * bn
     mask &= (k_first[None, :] <= q_last[:, None])[None]
     mask |= ((k_first[None, :] <= q_last[:, None]) & (k_first[None, :] + bn > q_last[:, None] - bm + 1))[None]
-    lay = layout_from_mask(mask, bm, bn, L)
+    lay = block_lists_from_mask(mask, bm, bn, L)
     q, k, v = torch.randn(H, L, 16), torch.randn(Hkv, L, 16), torch.randn(Hkv, L, 16)
     a = banded_block_sparse_attention(q, k, v, lay, 0.3, rows=rows)
     b = block_sparse_attention(q, k, v, lay, 0.3)

@@ -107,8 +107,8 @@ def test_sink_window_matches_the_requested_density():
     assert full.sum() == sum(1 for m in range(full.shape[0]) for n in range(full.shape[1])
                              if n * 64 <= min(lay.seq_len, (m + 1) * 128) - 1)
     for target in (0.2, 0.5, 0.9):
-        layout, w = matched_sink_window(lay, target, 3)
-        assert layout.density() >= target - 1e-9
+        blocks, w = matched_sink_window(lay, target, 3)
+        assert blocks.density() >= target - 1e-9
         if w > 1:
             smaller = sink_window_mask(lay, w - 1, 128, 64)
             assert smaller.sum() / full.sum() < target

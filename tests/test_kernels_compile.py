@@ -58,11 +58,11 @@ def test_sources_found_and_self_contained():
 
 def test_cpu_tensors_are_refused_clearly():
     from sift_cli.attention.cuda import CudaBackend
-    from sift_cli.decode import dense_layout
+    from sift_cli.block_lists import dense_block_lists
 
     q = torch.zeros(2, 10, 64, dtype=torch.bfloat16)
     with pytest.raises(SiftError, match="CUDA device"):
-        CudaBackend().forward(q, q[:1], q[:1], dense_layout(10, 2), 0.125)
+        CudaBackend().forward(q, q[:1], q[:1], dense_block_lists(10, 2), 0.125)
     with pytest.raises(SiftError, match="head_dim"):
         kernels.attention_kernel(96, 64, 0)
 
@@ -70,15 +70,15 @@ def test_cpu_tensors_are_refused_clearly():
 def test_flex_block_mask_matches_reference():
     """The flex backend's BlockMask states the same semantics as the reference (checked eagerly)."""
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    from sift_cli.attention.flex import block_mask_from_layout
+    from sift_cli.attention.flex import block_mask_from_lists
     from sift_cli.attention.reference import block_sparse_attention
-    from sift_cli.bench.kernels import random_block_layout
+    from sift_cli.bench.kernels import random_block_lists
 
     torch.manual_seed(0)
     for L, bn in ((256, 64), (300, 128)):
-        lay = random_block_layout(4, L, bn, 0.3, device="cpu")
+        lay = random_block_lists(4, L, bn, 0.3, device="cpu")
         q, k, v = torch.randn(4, L, 32), torch.randn(2, L, 32), torch.randn(2, L, 32)
-        out = flex.flex_attention(q[None], k[None], v[None], block_mask=block_mask_from_layout(lay, exact_mask_mod=True), scale=0.2,
+        out = flex.flex_attention(q[None], k[None], v[None], block_mask=block_mask_from_lists(lay, exact_mask_mod=True), scale=0.2,
                                   enable_gqa=True)[0]
         ref = block_sparse_attention(q, k, v, lay, 0.2)
         assert float((out - ref).norm() / ref.norm()) < 1e-5

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from sift_cli.attention.base import BlockLayout
+from sift_cli.attention.base import BlockLists
 from sift_cli.attention.reference import block_sparse_attention
-from sift_cli.decode import dense_layout
+from sift_cli.block_lists import dense_block_lists
 from sift_cli.errors import SiftError
 from sift_cli.job import profile_corpus
 from sift_cli.models import load_model
@@ -34,9 +34,9 @@ def test_reference_paths_agree():
     mask = torch.rand(6, 4, 4) < 0.5
     mask |= torch.eye(4, dtype=torch.bool)[None, :4, :4]
     mask &= torch.ones(4, 4, dtype=torch.bool).tril()
-    from sift_cli.decode import layout_from_mask
+    from sift_cli.block_lists import block_lists_from_mask
 
-    lay = layout_from_mask(mask[:, :2, :].repeat_interleave(1, 1), 128, 64, 200)
+    lay = block_lists_from_mask(mask[:, :2, :].repeat_interleave(1, 1), 128, 64, 200)
     fast = block_sparse_attention(q, k, v, lay, 0.25)
     slow, lse = block_sparse_attention(q, k, v, lay, 0.25, return_lse=True)
     assert torch.allclose(fast, slow, atol=1e-5) and torch.isfinite(lse).all()
@@ -50,10 +50,10 @@ def test_all_bits_set_equals_dense_to_fp32_rounding(tiny_lm, all_bits):
     from sift_cli.attention.reference import ReferenceBackend
 
     run_ = sparse_prefill(tiny_lm, prompt, ReferenceBackend(), x, 128, 64)
-    assert all(lay.density() == 1.0 for lay in run_.layouts)
+    assert all(lay.density() == 1.0 for lay in run_.block_lists)
     assert torch.allclose(dense_logits, run_.logits, atol=1e-4, rtol=1e-5)
-    dense = dense_layout(prompt.layout.seq_len, tiny_lm.n_heads)
-    assert torch.equal(run_.layouts[0].indices, dense.indices)
+    dense = dense_block_lists(prompt.layout.seq_len, tiny_lm.n_heads)
+    assert torch.equal(run_.block_lists[0].indices, dense.indices)
 
 
 def test_sparse_prefill_cache_continues_densely(tiny_lm, all_bits):

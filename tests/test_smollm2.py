@@ -91,6 +91,6 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
     ids = torch.tensor([prompt.input_ids])
     dense, _, _ = dense_prefill(smol, ids)
     run = sparse_prefill(smol, prompt, ReferenceBackend(), ids, 128, 64)
-    assert all(lay.density() == 1.0 for lay in run.layouts)
+    assert all(lay.density() == 1.0 for lay in run.block_lists)
     assert float((dense - run.logits).abs().max()) < 1e-4  # fp32 rounding (measured: 0.0)
     assert int(dense.argmax()) == int(run.logits.argmax())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SiftError
-from .base import AttentionBackend, BlockLayout, causal_block_count
+from .base import AttentionBackend, BlockLists, causal_block_count
 
 BACKENDS = ("auto", "reference", "flex", "cuda")
 
@@ -49,4 +49,4 @@ def get_backend(name: str, device: torch.device) -> AttentionBackend:
     raise SiftError(f"--backend {name}: expected one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["AttentionBackend", "BlockLayout", "causal_block_count", "get_backend", "BACKENDS"]
+__all__ = ["AttentionBackend", "BlockLists", "causal_block_count", "get_backend", "BACKENDS"]

@@ -3,10 +3,10 @@
 A backend computes block-sparse causal attention for one layer of one prompt (batch 1):
 
     q  [H, L, D]      k, v  [H_kv, L, D]      (H is a multiple of H_kv: grouped-query attention)
-    layout.offsets    int32 [H, M + 1]        CSR row pointers into one shared `indices` array, M = ceil(L / block_m);
+    blocks.offsets    int32 [H, M + 1]        CSR row pointers into one shared `indices` array, M = ceil(L / block_m);
                                               row (h, m) is indices[offsets[h, m] : offsets[h, m + 1]] and
                                               offsets[h, M] == offsets[h + 1, 0] (offsets[0, 0] == 0)
-    layout.indices    int32 [nnz]             KV block ids of each (head, query block), descending
+    blocks.indices    int32 [nnz]             KV block ids of each (head, query block), descending
     → out [H, L, D] in q's dtype (and, when asked, the natural-log log-sum-exp [H, L] in fp32)
 
 Inside a listed block every causally visible (query, key) pair is computed; blocks that are not listed
@@ -23,7 +23,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class BlockLayout:
+class BlockLists:
     """CSR lists of the KV blocks each (head, query block) computes, for one layer."""
 
     offsets: torch.Tensor  # int32 [H, M + 1]
@@ -45,8 +45,8 @@ class BlockLayout:
     def n_kv_blocks(self) -> int:
         return -(-self.seq_len // self.block_n)
 
-    def to(self, device: torch.device | str) -> "BlockLayout":
-        return BlockLayout(self.offsets.to(device), self.indices.to(device), self.block_m, self.block_n, self.seq_len,
+    def to(self, device: torch.device | str) -> "BlockLists":
+        return BlockLists(self.offsets.to(device), self.indices.to(device), self.block_m, self.block_n, self.seq_len,
                            None if self.mask is None else self.mask.to(device))
 
     def computed_blocks(self) -> int:
@@ -91,7 +91,7 @@ class AttentionBackend(Protocol):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        layout: BlockLayout,
+        blocks: BlockLists,
         scale: float,
         return_lse: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SiftError
-from .base import BlockLayout
+from .base import BlockLists
 
 
 class CudaBackend:
@@ -31,10 +31,10 @@ class CudaBackend:
             return False, f"CuPy is not importable: {exc}"
         return True, ""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float,
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists, scale: float,
                 return_lse: bool = False):
         from ..kernels import sparse_attention_forward
 
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
-        return sparse_attention_forward(q, k, v, layout, scale, return_lse, pingpong=self.pingpong)
+        return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pingpong=self.pingpong)

@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .base import BlockLayout
+from .base import BlockLists
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,16 +28,16 @@ def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def block_mask_from_layout(layout: BlockLayout, exact_mask_mod: bool = False):
+def block_mask_from_lists(blocks: BlockLists, exact_mask_mod: bool = False):
     """BlockMask listing the same blocks. Compiled flex skips unlisted blocks itself, so the mask_mod only states
     causality; exact_mask_mod also looks each block up, so that eager (uncompiled) flex, which applies only the
     mask_mod, computes the same function (tests; the captured [H, M, N] tensor is too costly for long prompts)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    dev = layout.offsets.device
-    H, M, N = layout.n_heads, layout.n_query_blocks, layout.n_kv_blocks
-    L, BM, BN = layout.seq_len, layout.block_m, layout.block_n
-    mask = layout.dense_mask()  # [H, M, N]
+    dev = blocks.offsets.device
+    H, M, N = blocks.n_heads, blocks.n_query_blocks, blocks.n_kv_blocks
+    L, BM, BN = blocks.seq_len, blocks.block_m, blocks.block_n
+    mask = blocks.dense_mask()  # [H, M, N]
     q_first = torch.arange(M, device=dev) * BM
     k_first = torch.arange(N, device=dev) * BN
     full_shape = ((k_first[None, :] + BN - 1 <= q_first[:, None])  # every pair causal
@@ -73,27 +73,27 @@ class FlexBackend:
     def __init__(self):
         self._options: dict[int, dict | None] = {}  # block_n → kernel_options that compiled
 
-    def prepare(self, layout: BlockLayout):
-        return block_mask_from_layout(layout)
+    def prepare(self, blocks: BlockLists):
+        return block_mask_from_lists(blocks)
 
-    def forward(self, q, k, v, layout: BlockLayout, scale, return_lse=False, plan=None):
+    def forward(self, q, k, v, blocks: BlockLists, scale, return_lse=False, plan=None):
         from torch.nn.attention.flex_attention import AuxRequest
 
-        bm = plan if plan is not None else block_mask_from_layout(layout)
+        bm = plan if plan is not None else block_mask_from_lists(blocks)
         group = q.shape[0] // k.shape[0]
 
         def call(options):
             return _compiled_flex()(q[None], k[None], v[None], block_mask=bm, scale=scale, enable_gqa=group > 1,
                                     return_aux=AuxRequest(lse=True) if return_lse else None, kernel_options=options)
 
-        if layout.block_n in self._options:
-            out = call(self._options[layout.block_n])
+        if blocks.block_n in self._options:
+            out = call(self._options[blocks.block_n])
         else:
             error = None
-            for options in _kernel_option_candidates(layout.block_n):
+            for options in _kernel_option_candidates(blocks.block_n):
                 try:
                     out = call(options)
-                    self._options[layout.block_n] = options
+                    self._options[blocks.block_n] = options
                     break
                 except Exception as exc:  # this torch spells the option differently: try the next
                     error = exc

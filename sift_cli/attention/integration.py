@@ -1,7 +1,7 @@
 """Run a stock Hugging Face causal LM with SIFT's sparse attention in every layer.
 
 A registered attention implementation ("sift") replaces only the attention product: projections, RoPE, the
-KV cache and the MLP stay the model's own. Outside a `sparse_attention(...)` block, and for decode steps (one
+KV cache and the MLP stay the model's own. Outside a `sparse_attention(...)` block, and for generation steps (one
 query against a longer cache), it computes ordinary dense attention, so generation continues densely from
 the KV cache the sparse prefill wrote.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import BlockLayout
+from .base import BlockLists
 from .swap import swapped_attention
 
 ATTN_NAME = "sift"
@@ -25,8 +25,8 @@ _local = threading.local()
 @dataclass
 class SparsePlan:
     backend: object
-    layouts: list[BlockLayout]  # one per layer
-    plans: list  # backend-specific prepared form of each layout (or None)
+    block_lists: list[BlockLists]  # one per layer
+    plans: list  # backend-specific prepared form of each layer's lists (or None)
 
 
 def _dense(query, key, value, scaling):
@@ -53,13 +53,13 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
         raise ValueError("sparse prefill runs one prompt at a time (batch 1)")
     layer = module.layer_idx
     extra = {} if plan.plans[layer] is None else {"plan": plan.plans[layer]}
-    out = plan.backend.forward(query[0], key[0], value[0], plan.layouts[layer], scaling, **extra)
+    out = plan.backend.forward(query[0], key[0], value[0], plan.block_lists[layer], scaling, **extra)
     return out.transpose(0, 1).unsqueeze(0).contiguous(), None
 
 
-def prepare_plan(backend, layouts: list[BlockLayout]) -> SparsePlan:
+def prepare_plan(backend, block_lists: list[BlockLists]) -> SparsePlan:
     prep = getattr(backend, "prepare", None)
-    return SparsePlan(backend, layouts, [prep(lay) if prep else None for lay in layouts])
+    return SparsePlan(backend, block_lists, [prep(lay) if prep else None for lay in block_lists])
 
 
 @contextlib.contextmanager

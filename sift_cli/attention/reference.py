@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import BlockLayout
+from .base import BlockLists
 
 
 def expand_block_mask(blocks: torch.Tensor, block_m: int, block_n: int, seq_len: int) -> torch.Tensor:
@@ -20,16 +20,16 @@ def expand_block_mask(blocks: torch.Tensor, block_m: int, block_n: int, seq_len:
     return mask & causal
 
 
-def token_mask_from_layout(layout: BlockLayout) -> torch.Tensor:
+def token_mask_from_layout(blocks: BlockLists) -> torch.Tensor:
     """Boolean [H, L, L]: listed blocks expanded to tokens, intersected with causality."""
-    return expand_block_mask(layout.dense_mask(), layout.block_m, layout.block_n, layout.seq_len)
+    return expand_block_mask(blocks.dense_mask(), blocks.block_m, blocks.block_n, blocks.seq_len)
 
 
 def block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    layout: BlockLayout,
+    blocks: BlockLists,
     scale: float,
     return_lse: bool = False,
     compute_dtype: torch.dtype = torch.float32,
@@ -39,13 +39,13 @@ def block_sparse_attention(
     H_kv = k.shape[0]
     if H % H_kv:
         raise ValueError(f"query heads {H} not a multiple of KV heads {H_kv}")
-    if layout.seq_len != L or layout.n_heads != H:
-        raise ValueError(f"layout is for H={layout.n_heads}, L={layout.seq_len}; got H={H}, L={L}")
+    if blocks.seq_len != L or blocks.n_heads != H:
+        raise ValueError(f"block lists are for H={blocks.n_heads}, L={blocks.seq_len}; got H={H}, L={L}")
     group = H // H_kv
-    blocks = layout.dense_mask().to(q.device)
+    mask = blocks.dense_mask().to(q.device)
     if not return_lse:
         # The same masked softmax through SDPA (all heads at once, no [H, L, L] fp32 scores held).
-        allowed = expand_block_mask(blocks, layout.block_m, layout.block_n, L)
+        allowed = expand_block_mask(mask, blocks.block_m, blocks.block_n, L)
         out = torch.nn.functional.scaled_dot_product_attention(
             q.to(compute_dtype)[None], k.to(compute_dtype)[None], v.to(compute_dtype)[None], attn_mask=allowed[None],
             scale=scale, enable_gqa=group > 1)
@@ -56,7 +56,7 @@ def block_sparse_attention(
         kh = k[h // group].to(compute_dtype)
         vh = v[h // group].to(compute_dtype)
         s = (q[h].to(compute_dtype) @ kh.T) * scale
-        allowed = expand_block_mask(blocks[h], layout.block_m, layout.block_n, L)
+        allowed = expand_block_mask(mask[h], blocks.block_m, blocks.block_n, L)
         s = s.masked_fill(~allowed, float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - row_lse[:, None])
@@ -73,5 +73,5 @@ class ReferenceBackend:
     def __init__(self, compute_dtype: torch.dtype = torch.float32):
         self.compute_dtype = compute_dtype
 
-    def forward(self, q, k, v, layout, scale, return_lse=False):
-        return block_sparse_attention(q, k, v, layout, scale, return_lse, self.compute_dtype)
+    def forward(self, q, k, v, blocks, scale, return_lse=False):
+        return block_sparse_attention(q, k, v, blocks, scale, return_lse, self.compute_dtype)

@@ -20,8 +20,8 @@ import traceback
 import numpy as np
 import torch
 
-from ..attention.base import BlockLayout
-from ..decode import decode_layer, dense_layout
+from ..attention.base import BlockLists
+from ..block_lists import decode_layer, dense_block_lists
 
 _LOG = []
 
@@ -36,19 +36,19 @@ def log(*a):
 # Cases
 # ----------------------------------------------------------------------------------------------------------
 
-def make_layout(kind: str, H: int, L: int, block_n: int, seed: int, device="cuda") -> BlockLayout:
-    from .kernels import random_block_layout
+def make_block_lists(kind: str, H: int, L: int, block_n: int, seed: int, device="cuda") -> BlockLists:
+    from .kernels import random_block_lists
 
     if kind == "dense":
-        return dense_layout(L, H, 128, block_n, device=device)
+        return dense_block_lists(L, H, 128, block_n, device=device)
     if kind == "sparse":
-        return random_block_layout(H, L, block_n, 0.3, seed=seed, device=device)
+        return random_block_lists(H, L, block_n, 0.3, seed=seed, device=device)
     if kind == "sparse10":
-        return random_block_layout(H, L, block_n, 0.1, seed=seed, device=device)
+        return random_block_lists(H, L, block_n, 0.1, seed=seed, device=device)
     raise ValueError(kind)
 
 
-def attention_case(H: int, H_kv: int, L: int, D: int, layout: BlockLayout, seed: int = 0, std: float = 1.0,
+def attention_case(H: int, H_kv: int, L: int, D: int, blocks: BlockLists, seed: int = 0, std: float = 1.0,
                    **variant) -> dict:
     """Run the kernel on fresh random inputs with poisoned outputs; compare with the fp32 reference."""
     from ..attention.reference import block_sparse_attention
@@ -61,11 +61,11 @@ def attention_case(H: int, H_kv: int, L: int, D: int, layout: BlockLayout, seed:
     scale = 1.0 / math.sqrt(D)
     out = torch.full((H, L, D), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((H, L), float("nan"), dtype=torch.float32, device="cuda")
-    sparse_attention_forward(q, k, v, layout, scale, return_lse=True, out=out, lse=lse, **variant)
+    sparse_attention_forward(q, k, v, blocks, scale, return_lse=True, out=out, lse=lse, **variant)
     torch.cuda.synchronize()
-    ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), layout, scale, return_lse=True)
+    ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), blocks, scale, return_lse=True)
     o = out.float()
-    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_n=layout.block_n, density=round(layout.density(), 4),
+    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_n=blocks.block_n, density=round(blocks.density(), 4),
                nan_out=int(torch.isnan(o).sum()), nan_lse=int(torch.isnan(lse).sum()))
     diff = (o - ref).nan_to_num(nan=1e30)
     res["rel_err"] = float(diff.norm() / ref.norm().clamp_min(1e-30))
@@ -89,8 +89,8 @@ def random_prompt_bits(rng, tile: int, n_layers: int = 2, n_heads: int = 3, doc_
         doc_lengths = [int(x) for x in rng.integers(1, 6 * tile, size=int(rng.integers(1, 6)))]
     prefix_len = int(rng.integers(0, 140)) if prefix_len is None else prefix_len
     suffix_len = int(rng.integers(0, 200)) if suffix_len is None else suffix_len
-    layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
-    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng)[0]
+    blocks = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
+    return random_prompt_bits(blocks, tile, n_layers, n_heads, la_p, ca_p, rng)[0]
 
 
 def decode_case(bits, block_n: int, block_m: int = 128) -> dict:
@@ -149,16 +149,16 @@ def attention_sweep(quick: bool = False, **variant) -> list[dict]:
                     if L > 4096:
                         ratio, hkv = (4, 1) if kind == "dense" else (3, 1)
                     H = ratio * hkv
-                    lay = make_layout(kind, H, L, bn, seed=i)
+                    lay = make_block_lists(kind, H, L, bn, seed=i)
                     r = attention_case(H, hkv, L, D, lay, seed=1000 + i, **variant)
                     r["mask"] = kind
                     results.append(r)
                     log(_fmt(r))
-    # larger logits (std 3 inputs) and masks from a real-ish decoded layout
+    # larger logits (std 3 inputs) and masks from real-ish decoded block lists
     rng = np.random.default_rng(0)
     for D in (64, 128):
         for bn in (64, 128):
-            r = attention_case(4, 2, 777, D, make_layout("sparse10", 4, 777, bn, seed=7), seed=5, std=3.0)
+            r = attention_case(4, 2, 777, D, make_block_lists("sparse10", 4, 777, bn, seed=7), seed=5, std=3.0)
             r["mask"] = "sparse10 std3"
             results.append(r)
             log(_fmt(r))
@@ -202,7 +202,7 @@ def decode_sweep() -> list[dict]:
 
 def variant_timings(log=log) -> list[dict]:
     """Time kernel variants (pipeline knobs) at L = 16K, dense and 10% blocks: what each stage costs."""
-    from .kernels import layout_flops, random_block_layout, sift_fn, time_ms
+    from .kernels import block_lists_flops, random_block_lists, sift_fn, time_ms
 
     rows = []
     L = 16384
@@ -219,8 +219,8 @@ def variant_timings(log=log) -> list[dict]:
                 variants["ablate softmax"] = dict(extra={"ABLATE_SOFTMAX": 1})
                 variants["ablate PV"] = dict(extra={"ABLATE_PV": 1})
             for dens in (1.0, 0.1):
-                lay = random_block_layout(H, L, bn, dens, seed=3)
-                flops = layout_flops(lay, D)
+                lay = random_block_lists(H, L, bn, dens, seed=3)
+                flops = block_lists_flops(lay, D)
                 for name, var in variants.items():
                     try:
                         ms = time_ms(sift_fn(q, k, v, lay, 1 / math.sqrt(D), **var))
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
             for bn in (64, 128):
                 for L, kind in ((300, "dense"), (1000, "sparse")):
                     try:
-                        r = attention_case(2, 1, L, D, make_layout(kind, 2, L, bn, 0), seed=1)
+                        r = attention_case(2, 1, L, D, make_block_lists(kind, 2, L, bn, 0), seed=1)
                         r["mask"] = kind
                     except Exception as exc:
                         r = dict(D=D, block_n=bn, L=L, ok=False, error=f"{type(exc).__name__}: {exc}")
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
             if att and not all(r["ok"] for r in att):
                 # diagnostic: the V descriptor with leading/stride byte offsets swapped
                 try:
-                    lay = make_layout("dense", 2, 300, 64, 0)
+                    lay = make_block_lists("dense", 2, 300, 64, 0)
                     r = attention_case(2, 1, 300, 128, lay, extra={"V_LBO": 1024, "V_SBO": 64 * 128})
                     log("diag V desc swapped (D=128, bn=64):", _fmt(r))
                     report["diag_v_swap"] = r

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from ..attention.base import BlockLayout
-from ..decode import causal_cells_per_block, dense_layout, layout_from_mask
+from ..attention.base import BlockLists
+from ..block_lists import causal_cells_per_block, dense_block_lists, block_lists_from_mask
 
 SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-135M
 LENGTHS = (16384, 32768, 65536)
@@ -29,12 +29,12 @@ BLOCK_M = 128
 # Layouts and FLOPs
 # ----------------------------------------------------------------------------------------------------------
 
-def random_block_layout(H: int, L: int, block_n: int, density: float, seed: int = 0, device="cuda",
-                        block_m: int = BLOCK_M) -> BlockLayout:
-    """Random block-sparse causal layout: every block touching the diagonal kept, each other causal block kept
+def random_block_lists(H: int, L: int, block_n: int, density: float, seed: int = 0, device="cuda",
+                        block_m: int = BLOCK_M) -> BlockLists:
+    """Random block-sparse causal block lists: every block touching the diagonal kept, each other causal block kept
     with probability `density` (density 1.0: all causal blocks)."""
     if density >= 1.0:
-        return dense_layout(L, H, block_m, block_n, device=device)
+        return dense_block_lists(L, H, block_m, block_n, device=device)
     g = torch.Generator(device=device).manual_seed(seed)
     M, N = -(-L // block_m), -(-L // block_n)
     q_first = torch.arange(M, device=device) * block_m
@@ -45,17 +45,17 @@ def random_block_layout(H: int, L: int, block_n: int, density: float, seed: int 
     diag = causal & (k_last[None, :] >= q_first[:, None])
     keep = torch.rand(H, M, N, generator=g, device=device) < density
     mask = (keep & causal[None]) | diag[None]
-    return layout_from_mask(mask.contiguous(), block_m, block_n, L)
+    return block_lists_from_mask(mask.contiguous(), block_m, block_n, L)
 
 
-def layout_flops(layout: BlockLayout, head_dim: int) -> int:
-    cells = causal_cells_per_block(layout.seq_len, layout.block_m, layout.block_n, layout.offsets.device)
-    m = layout.dense_mask()
+def block_lists_flops(blocks: BlockLists, head_dim: int) -> int:
+    cells = causal_cells_per_block(blocks.seq_len, blocks.block_m, blocks.block_n, blocks.offsets.device)
+    m = blocks.dense_mask()
     return int((m.to(torch.int64) * cells[None]).sum()) * 4 * head_dim
 
 
-def block_density(layout: BlockLayout) -> float:
-    return layout.density()
+def block_density(blocks: BlockLists) -> float:
+    return blocks.density()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -117,28 +117,28 @@ def cudnn_dense_fn(q, k, v, scale):
         return run_expanded, "kv expanded"
 
 
-def flex_fn(q, k, v, layout: BlockLayout, scale):
-    """The `flex` backend of `sift prefill` on this layout, its BlockMask prepared outside the timed call."""
+def flex_fn(q, k, v, blocks: BlockLists, scale):
+    """The `flex` backend of `sift prefill` on these block lists, its BlockMask prepared outside the timed call."""
     from ..attention.flex import FlexBackend
 
     backend = FlexBackend()
-    plan = backend.prepare(layout)
+    plan = backend.prepare(blocks)
 
     def run():
-        return backend.forward(q, k, v, layout, scale, plan=plan)
+        return backend.forward(q, k, v, blocks, scale, plan=plan)
 
     run()
     torch.cuda.synchronize()
     return run
 
 
-def sift_fn(q, k, v, layout: BlockLayout, scale, **variant):
+def sift_fn(q, k, v, blocks: BlockLists, scale, **variant):
     from ..kernels import sparse_attention_forward
 
     out = torch.empty_like(q)
 
     def run():
-        return sparse_attention_forward(q, k, v, layout, scale, out=out, **variant)
+        return sparse_attention_forward(q, k, v, blocks, scale, out=out, **variant)
 
     return run
 
@@ -256,22 +256,22 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
             log(f"H={H} D={D} L={L} cuDNN dense: {ms:.3f} ms {cudnn_tflops:.0f} TFLOP/s ({how})")
             for bn in block_ns:
                 for dens in densities:
-                    layout = random_block_layout(H, L, bn, dens, seed=L + bn)
-                    flops = layout_flops(layout, D)
+                    blocks = random_block_lists(H, L, bn, dens, seed=L + bn)
+                    flops = block_lists_flops(blocks, D)
                     row_base = dict(kind="attention", H=H, H_kv=H_kv, D=D, L=L, block_n=bn,
-                                    density=layout.density())
-                    ms_sift = time_ms(sift_fn(q, k, v, layout, scale))
+                                    density=blocks.density())
+                    ms_sift = time_ms(sift_fn(q, k, v, blocks, scale))
                     tf = flops / ms_sift / 1e9
                     rows.append(dict(row_base, impl="SIFT cuda", ms=ms_sift, tflops=tf,
                                      pct_of_cudnn=100.0 * tf / cudnn_tflops))
-                    msg = f"  bn={bn} density={layout.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
+                    msg = f"  bn={bn} density={blocks.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
                     over = time_budget_s is not None and time.time() - t0 > time_budget_s
                     if flex and not over:
                         try:
-                            frun = flex_fn(q, k, v, layout, scale)
+                            frun = flex_fn(q, k, v, blocks, scale)
                             ms_flex = time_ms(frun)
                             tf_flex = flops / ms_flex / 1e9
-                            a, b = frun()[0].float(), sift_fn(q, k, v, layout, scale)().float()
+                            a, b = frun()[0].float(), sift_fn(q, k, v, blocks, scale)().float()
                             agree = float((a - b).norm() / b.norm())
                             rows.append(dict(row_base, impl="FlexAttention", ms=ms_flex, tflops=tf_flex,
                                              note=f"rel diff vs sift {agree:.1e}"))
@@ -285,7 +285,7 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
                         rows.append(dict(row_base, impl="FlexAttention", ms=None, tflops=None,
                                          note="skipped: time budget"))
                     log(msg)
-                    del layout
+                    del blocks
             del q, k, v
             torch.cuda.empty_cache()
             if checkpoint:

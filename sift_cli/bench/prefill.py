@@ -364,7 +364,7 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
     """Rows (one per mode) for one prompt length. baseline: (full ms, no-attention ms) measured earlier on the
     same model and length — full recompute is then not re-run."""
     from ..attention import get_backend
-    from ..decode import cell_density
+    from ..block_lists import cell_density
     from ..eval.kvreuse import blend_forward, inv_freq_of
     from ..prefill import sparse_prefill
 
@@ -452,9 +452,9 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
                 if i >= warmup:
                     runs.append(r)
             med = statistics.median
-            layouts = runs[-1].layouts
-            cells = sum(cell_density(x) for x in layouts) / len(layouts)
-            blocks = sum(x.computed_blocks() for x in layouts) / sum(x.causal_blocks() for x in layouts)
+            block_lists = runs[-1].block_lists
+            cells = sum(cell_density(x) for x in block_lists) / len(block_lists)
+            blocks = sum(x.computed_blocks() for x in block_lists) / sum(x.causal_blocks() for x in block_lists)
             ttft = med(r.ttft_ms for r in runs)
             fwd = med(r.forward_ms for r in runs)
             ideal = full - (1 - cells) * attn_full
@@ -468,7 +468,7 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
             rows.append(srow)
             log(f"  {L:>6} sift-{backend.name:<7}{ttft:9.1f} ms  ×{srow['speedup']:.2f}  density {cells:.3f}  "
                 f"ideal {ideal:.1f} ms  decode {srow['decode_ms']:.1f} ms")
-            del runs, layouts
+            del runs, block_lists
 
         for bname in backends:
             try:

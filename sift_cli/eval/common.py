@@ -208,7 +208,7 @@ def compose(shards: ShardSet, lm: LoadedModel, spec: PromptSpec, instruction: st
 
 def doc_masks(prompt: Prompt, layer: int):
     """Per document of `prompt`: (LA tiles bool [H, P, P], CA pages bool [H, P]) at one layer."""
-    from ..decode import doc_ca_pages, doc_la_tiles
+    from ..block_lists import doc_ca_pages, doc_la_tiles
 
     return [(doc_la_tiles(prompt.bits, d, layer), doc_ca_pages(prompt.bits, d, layer))
             for d in range(len(prompt.layout.docs))]

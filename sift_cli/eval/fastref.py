@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.base import BlockLayout
+from ..attention.base import BlockLists
 
 
-def banded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout,
+def banded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists,
                                   scale: float, rows: int = 512, compute_dtype=torch.float32) -> torch.Tensor:
     """q [H, L, D], k/v [H_kv, L, D] → out [H, L, D] in q's dtype."""
     H, L, _ = q.shape
     group = H // k.shape[0]
-    bm, bn = layout.block_m, layout.block_n
-    blocks = layout.dense_mask().to(q.device)  # [H, M, N]
+    bm, bn = blocks.block_m, blocks.block_n
+    mask = blocks.dense_mask().to(q.device)  # [H, M, N]
     rows = max(bm, rows // bm * bm)
     kf = k.to(compute_dtype)
     vf = v.to(compute_dtype)
@@ -33,7 +33,7 @@ def banded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         s = torch.matmul(q[:, r0:r1].to(compute_dtype), kf[:, :r1].transpose(1, 2)).mul_(scale)  # [H, R, r1]
         row_blk = pos[r0:r1] // bm
         col_blk = pos[:r1] // bn
-        allowed = blocks[:, row_blk][:, :, col_blk]  # [H, R, r1]
+        allowed = mask[:, row_blk][:, :, col_blk]  # [H, R, r1]
         allowed &= pos[None, :r1] <= pos[r0:r1, None]
         s.masked_fill_(~allowed, float("-inf"))
         out[:, r0:r1] = torch.matmul(torch.softmax(s, dim=-1), vf[:, :r1]).to(q.dtype)
@@ -48,12 +48,12 @@ class BandedReferenceBackend:
     def __init__(self, rows: int = 512):
         self.rows = rows
 
-    def forward(self, q, k, v, layout, scale, return_lse=False):
+    def forward(self, q, k, v, blocks, scale, return_lse=False):
         if return_lse:
             from ..attention.reference import block_sparse_attention
 
-            return block_sparse_attention(q, k, v, layout, scale, True)
-        return banded_block_sparse_attention(q, k, v, layout, scale, self.rows)
+            return block_sparse_attention(q, k, v, blocks, scale, True)
+        return banded_block_sparse_attention(q, k, v, blocks, scale, self.rows)
 
 
 def eval_backend(name: str, device: torch.device):

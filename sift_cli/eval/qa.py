@@ -11,7 +11,7 @@ every mode from the same prompt `prefix ‖ ctx_1 ‖ … ‖ ctx_k ‖ suffix`:
 - `kv-reuse`    per-document KV computed standalone, re-rotated, no recompute; the suffix computed against it;
 - `cacheblend`  the same caches, ~15% highest-deviation tokens recomputed from layer 1 on (see `kvreuse`).
 
-Every mode then decodes greedily and densely from its own KV cache. Scoring follows lost-in-the-middle: a
+Every mode then generates greedily and densely from its own KV cache. Scoring follows lost-in-the-middle: a
 generation is correct when some gold answer, SQuAD-normalised (lower case, punctuation and articles removed,
 whitespace collapsed), is a substring of the normalised generation. Agreement with `full` is identical generated
 tokens; first-token agreement compares the argmax of the prefill logits; KL is KL(full ‖ mode) at the last prompt
@@ -34,7 +34,7 @@ import torch
 
 from ..corpus import Document, render, CorpusFormat
 from ..errors import SiftError
-from ..prefill import compare_logits, decode_all_layers, dense_prefill, greedy_continue, sparse_prefill
+from ..prefill import compare_logits, decode_all_layers, dense_prefill, greedy_generate, sparse_prefill
 from .common import PromptSet, PromptSpec, compose
 
 MODES = ("full", "sift", "sink+window", "kv-reuse", "cacheblend")
@@ -172,14 +172,14 @@ def records_prompt_set(records: list[dict], name: str = "qa", n_docs: int | None
 
 # ---- answering -------------------------------------------------------------------------------------------------
 
-def _timed_forward_with_layouts(lm, ids, backend, layouts):
+def _timed_forward_with_block_lists(lm, ids, backend, block_lists):
     from ..attention.integration import prepare_plan, sparse_attention
 
     dev = lm.device
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
-    plan = prepare_plan(backend, layouts)
+    plan = prepare_plan(backend, block_lists)
     with torch.inference_mode(), sparse_attention(lm.model, plan):
         out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
     if dev.type == "cuda":
@@ -190,9 +190,9 @@ def _timed_forward_with_layouts(lm, ids, backend, layouts):
 def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: int = 16, block_m: int = 128,
                 block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal") -> dict:
     """Every mode on one question; returns a plain dict (texts, tokens, metrics per mode)."""
-    from ..decode import cell_density
+    from ..block_lists import cell_density
     from .kvreuse import cacheblend_prefill, inv_freq_of, kv_reuse_prefill, reused_kv, standalone_kv
-    from .static import matched_layouts
+    from .static import matched_block_lists
 
     prompt = compose(shards, lm, spec)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
@@ -205,25 +205,25 @@ def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: in
 
     def finish(mode, lg, past, ms, **more):
         logits[mode] = lg
-        tokens[mode] = greedy_continue(lm, lg, past, max_new_tokens)
+        tokens[mode] = greedy_generate(lm, lg, past, max_new_tokens)
         results[mode] = {"ttft_ms": ms, "text": tok.decode(tokens[mode], skip_special_tokens=True), **more}
 
     d_logits, d_past, ms = dense_prefill(lm, ids)
     finish("full", d_logits, d_past, ms)
-    sift_layouts = None
+    sift_lists = None
     if "sift" in modes or "sink+window" in modes:
         s = sparse_prefill(lm, prompt, backend, ids, block_m, block_n, decoder)
-        sift_layouts = s.layouts
-        dens = sum(cell_density(lay) for lay in s.layouts) / len(s.layouts)
-        blk = sum(lay.computed_blocks() for lay in s.layouts) / sum(lay.causal_blocks() for lay in s.layouts)
+        sift_lists = s.block_lists
+        dens = sum(cell_density(b) for b in s.block_lists) / len(s.block_lists)
+        blk = sum(b.computed_blocks() for b in s.block_lists) / sum(b.causal_blocks() for b in s.block_lists)
         extra.update(sift_cell_density=dens, sift_block_density=blk)
         if "sift" in modes:
             finish("sift", s.logits, s.past, s.ttft_ms, cell_density=dens, block_density=blk)
         del s
     if "sink+window" in modes:
-        layouts, windows = matched_layouts(prompt.layout, sift_layouts)
-        lg, past, ms = _timed_forward_with_layouts(lm, ids, backend, layouts)
-        dens = sum(cell_density(lay) for lay in layouts) / len(layouts)
+        block_lists, windows = matched_block_lists(prompt.layout, sift_lists)
+        lg, past, ms = _timed_forward_with_block_lists(lm, ids, backend, block_lists)
+        dens = sum(cell_density(b) for b in block_lists) / len(block_lists)
         finish("sink+window", lg, past, ms, cell_density=dens, windows=windows)
     if "kv-reuse" in modes or "cacheblend" in modes:
         records = shards.get(list(spec.doc_ids))

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import CPU_DEFAULTS, device_defaults
-from ..decode import block_mask_for_layer
+from ..block_lists import block_mask_for_layer
 from ..prompt import Prompt
 from .common import doc_masks
 

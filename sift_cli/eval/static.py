@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.base import BlockLayout
-from ..decode import layout_from_mask
+from ..attention.base import BlockLists
+from ..block_lists import block_lists_from_mask
 from ..layout import PromptLayout
 
 
@@ -39,8 +39,8 @@ def sink_window_mask(lay: PromptLayout, window: int, block_m: int, block_n: int,
 
 
 def matched_sink_window(lay: PromptLayout, target_density: float, n_heads: int, block_m: int = 128,
-                        block_n: int = 64, device=None) -> tuple[BlockLayout, int]:
-    """(layout, window) of the smallest window whose block density is >= target_density."""
+                        block_n: int = 64, device=None) -> tuple[BlockLists, int]:
+    """(block lists, window) of the smallest window whose block density is >= target_density."""
     N = _ceil_div(lay.seq_len, block_n)
     causal_total = int(sink_window_mask(lay, N + 1, block_m, block_n, device).sum())
 
@@ -55,14 +55,14 @@ def matched_sink_window(lay: PromptLayout, target_density: float, n_heads: int, 
         else:
             lo = mid + 1
     mask = sink_window_mask(lay, lo, block_m, block_n, device)
-    return layout_from_mask(mask[None].expand(n_heads, -1, -1).contiguous(), block_m, block_n, lay.seq_len), lo
+    return block_lists_from_mask(mask[None].expand(n_heads, -1, -1).contiguous(), block_m, block_n, lay.seq_len), lo
 
 
-def matched_layouts(lay: PromptLayout, sift_layouts: list[BlockLayout]) -> tuple[list[BlockLayout], list[int]]:
-    """Per layer, sink+window at the block density of SIFT's layout for that layer."""
+def matched_block_lists(lay: PromptLayout, sift_lists: list[BlockLists]) -> tuple[list[BlockLists], list[int]]:
+    """Per layer, sink+window at the block density of SIFT's block lists for that layer."""
     out, windows = [], []
-    for s in sift_layouts:
-        layout, w = matched_sink_window(lay, s.density(), s.n_heads, s.block_m, s.block_n, s.offsets.device)
-        out.append(layout)
+    for s in sift_lists:
+        blocks, w = matched_sink_window(lay, s.density(), s.n_heads, s.block_m, s.block_n, s.offsets.device)
+        out.append(blocks)
         windows.append(w)
     return out, windows

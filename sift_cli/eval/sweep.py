@@ -20,7 +20,7 @@ from ..config import device_defaults
 from ..errors import SiftError
 from ..job import tokenize_documents
 from ..models import prefix_token_ids
-from ..prefill import compare_logits, dense_prefill, greedy_continue, sparse_prefill
+from ..prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
 from .common import PromptSet, build_prompt
 
 
@@ -95,7 +95,7 @@ class SweepContext:
             p = self.prompt(spec, points[0])
             ids = torch.tensor([p.input_ids], device=lm.device)
             logits, past, ms = dense_prefill(lm, ids)
-            toks = greedy_continue(lm, logits, past, max_new_tokens)
+            toks = greedy_generate(lm, logits, past, max_new_tokens)
             self.dense.append({"logits": logits, "tokens": toks, "ms": ms, "seq_len": p.layout.seq_len,
                                "text": lm.tokenizer.decode(toks, skip_special_tokens=True)})
             del past
@@ -119,7 +119,7 @@ class SweepContext:
 
     def densities(self, point: GridPoint, block_m: int, block_n: int) -> list[dict]:
         """Cell and block density of each prompt at `point` (decode only, no forward)."""
-        from ..decode import cell_density, decode_layer
+        from ..block_lists import cell_density, decode_layer
 
         out = []
         for spec in self.pset.prompts:
@@ -130,7 +130,7 @@ class SweepContext:
         return out
 
     def evaluate(self, point: GridPoint, backend, block_m: int, block_n: int, recall: bool = False) -> dict:
-        from ..decode import cell_density
+        from ..block_lists import cell_density
 
         lm = self.lm
         rows = []
@@ -139,10 +139,10 @@ class SweepContext:
             ids = torch.tensor([p.input_ids], device=lm.device)
             s = sparse_prefill(lm, p, backend, ids, block_m, block_n, "cuda" if backend.name == "cuda" else "torch")
             cmp = compare_logits(ref["logits"], s.logits)
-            toks = greedy_continue(lm, s.logits, s.past, self.max_new_tokens)
-            rows.append({"cells": sum(cell_density(x) for x in s.layouts) / len(s.layouts),
-                         "blocks": sum(x.computed_blocks() for x in s.layouts)
-                         / sum(x.causal_blocks() for x in s.layouts),
+            toks = greedy_generate(lm, s.logits, s.past, self.max_new_tokens)
+            rows.append({"cells": sum(cell_density(x) for x in s.block_lists) / len(s.block_lists),
+                         "blocks": sum(x.computed_blocks() for x in s.block_lists)
+                         / sum(x.causal_blocks() for x in s.block_lists),
                          "kl": cmp["kl"], "first_token_same": cmp["first_token_match"],
                          "same_answer": toks == ref["tokens"], "ttft_ms": s.ttft_ms, "dense_ms": ref["ms"],
                          "text": lm.tokenizer.decode(toks, skip_special_tokens=True), "tokens": p.layout.seq_len})

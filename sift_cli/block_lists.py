@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention.base import BlockLayout
+from .attention.base import BlockLists
 from .bits import n_pages, n_tiles
 from .layout import PromptBits
 
@@ -121,7 +121,7 @@ def block_mask_for_layer(bits: PromptBits, layer: int, block_m: int = 128, block
     return mask
 
 
-def layout_from_mask(mask: torch.Tensor, block_m: int, block_n: int, seq_len: int) -> BlockLayout:
+def block_lists_from_mask(mask: torch.Tensor, block_m: int, block_n: int, seq_len: int) -> BlockLists:
     """bool [H, M, N] → CSR with each row's KV blocks in descending order."""
     H, M, N = mask.shape
     counts = mask.sum(-1).reshape(-1).to(torch.int64)
@@ -131,22 +131,22 @@ def layout_from_mask(mask: torch.Tensor, block_m: int, block_n: int, seq_len: in
     offsets[:, M] = ends.view(H, M)[:, -1].to(torch.int32)
     flipped = torch.nonzero(mask.flip(-1))  # row-major: (h, m) ascending, flipped column ascending
     indices = (N - 1 - flipped[:, 2]).to(torch.int32)
-    return BlockLayout(offsets, indices.contiguous(), block_m, block_n, seq_len, mask)
+    return BlockLists(offsets, indices.contiguous(), block_m, block_n, seq_len, mask)
 
 
-def decode_layer(bits: PromptBits, layer: int, block_m: int = 128, block_n: int = 64) -> BlockLayout:
+def decode_layer(bits: PromptBits, layer: int, block_m: int = 128, block_n: int = 64) -> BlockLists:
     """SPEC §7 CSR lists for one layer."""
-    return layout_from_mask(block_mask_for_layer(bits, layer, block_m, block_n), block_m, block_n,
+    return block_lists_from_mask(block_mask_for_layer(bits, layer, block_m, block_n), block_m, block_n,
                             bits.layout.seq_len)
 
 
-def dense_layout(seq_len: int, n_heads: int, block_m: int = 128, block_n: int = 64, device=None) -> BlockLayout:
+def dense_block_lists(seq_len: int, n_heads: int, block_m: int = 128, block_n: int = 64, device=None) -> BlockLists:
     """Every causal block: what full recompute computes."""
     M, N = _ceil_div(seq_len, block_m), _ceil_div(seq_len, block_n)
     q_last = torch.clamp(torch.arange(M, device=device) * block_m + block_m, max=seq_len) - 1
     k_first = torch.arange(N, device=device) * block_n
     mask = (k_first[None, :] <= q_last[:, None]).expand(n_heads, M, N)
-    return layout_from_mask(mask.contiguous(), block_m, block_n, seq_len)
+    return block_lists_from_mask(mask.contiguous(), block_m, block_n, seq_len)
 
 
 def causal_cells_per_block(seq_len: int, block_m: int, block_n: int, device=None) -> torch.Tensor:
@@ -164,9 +164,9 @@ def causal_cells_per_block(seq_len: int, block_m: int, block_n: int, device=None
     return part1 + part2
 
 
-def cell_density(layout: BlockLayout) -> float:
+def cell_density(blocks: BlockLists) -> float:
     """Computed (query, key) cells over all causal cells, across heads (the STUDY's density)."""
-    cells = causal_cells_per_block(layout.seq_len, layout.block_m, layout.block_n, layout.offsets.device)
-    computed = (layout.dense_mask().to(torch.int64) * cells[None]).sum()
-    L = layout.seq_len
-    return float(computed) / (layout.n_heads * L * (L + 1) / 2)
+    cells = causal_cells_per_block(blocks.seq_len, blocks.block_m, blocks.block_n, blocks.offsets.device)
+    computed = (blocks.dense_mask().to(torch.int64) * cells[None]).sum()
+    L = blocks.seq_len
+    return float(computed) / (blocks.n_heads * L * (L + 1) / 2)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from sift_cli.attention.base import BlockLayout
-from sift_cli.decode import (block_mask_for_layer, causal_cells_per_block, cell_density, decode_layer,
-                             dense_layout)
+from sift_cli.attention.base import BlockLists
+from sift_cli.block_lists import (block_mask_for_layer, causal_cells_per_block, cell_density, decode_layer,
+                             dense_block_lists)
 from sift_cli.layout import PromptLayout, random_prompt_bits
 
 
@@ -60,7 +60,7 @@ def test_decode_matches_brute_force(tile, blocks):
             got = block_mask_for_layer(pb, layer, block_m, block_n).numpy()
             assert (got == want).all(), (trial, layer, pb.layout)
             lay = decode_layer(pb, layer, block_m, block_n)
-            from_csr = BlockLayout(lay.offsets, lay.indices, block_m, block_n, lay.seq_len)  # no cached mask
+            from_csr = BlockLists(lay.offsets, lay.indices, block_m, block_n, lay.seq_len)  # no cached mask
             assert (from_csr.dense_mask().numpy() == want).all()
 
 
@@ -94,7 +94,7 @@ def test_all_bits_set_is_dense():
     rng = np.random.default_rng(11)
     pb, _ = random_prompt(rng, 64, doc_lengths=[200, 77, 400], la_p=1.1, ca_p=1.1)
     lay = decode_layer(pb, 0)
-    dense = dense_layout(pb.layout.seq_len, pb.n_heads)
+    dense = dense_block_lists(pb.layout.seq_len, pb.n_heads)
     assert torch.equal(lay.offsets, dense.offsets) and torch.equal(lay.indices, dense.indices)
     assert lay.density() == 1.0 and abs(cell_density(lay) - 1.0) < 1e-12
 
