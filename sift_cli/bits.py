@@ -87,10 +87,6 @@ def unpack_doc(la_bits: bytes, ca_bits: bytes, n_layers: int, n_heads: int, page
     return tiles.reshape(n_layers, n_heads, pages, pages), ca_flat.reshape(n_layers, n_heads, pages)
 
 
-def popcount(data: bytes) -> int:
-    return int(np.unpackbits(np.frombuffer(data, dtype=np.uint8)).sum())
-
-
 def _as_numpy(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy().astype(bool)

@@ -317,7 +317,7 @@ def qa(
 ):
     """Answer multi-document questions with full recompute, SIFT, sink+window, KV reuse and CacheBlend."""
     from .eval.common import ensure_shards
-    from .eval.fastref import eval_backend
+    from .eval.backend import eval_backend
     from .eval.qa import build_nq_records, read_qa_records, records_prompt_set, run_qa, sample_records
 
     if (records is None) != nq:
@@ -433,7 +433,7 @@ def sweep(
     """Density, KL, first-token and answer agreement over a grid of (T, α, β, γ)."""
     from .corpus import CorpusFormat
     from .eval.common import corpus_prompt_set
-    from .eval.fastref import eval_backend
+    from .eval.backend import eval_backend
     from .eval.sweep import run_sweep
 
     if (data is None) == (corpus is None):
@@ -566,7 +566,7 @@ def calibrate(
     from .eval.calibrate import Target, calibrate as run_calibrate
     from .eval.common import corpus_prompt_set
     from .config_file import write_config
-    from .eval.fastref import eval_backend
+    from .eval.backend import eval_backend
 
     target = Target(max_kl, min_agreement, min_recall)
     target.check()

@@ -9,6 +9,3 @@ class SiftError(Exception):
 
     exit_code = 2
 
-
-class ValidationFailed(SiftError):
-    exit_code = 1

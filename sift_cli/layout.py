@@ -46,16 +46,6 @@ class PromptLayout:
             pos += n
         return PromptLayout(prefix_len, tuple(spans), suffix_len)
 
-    def segments(self) -> list[tuple[str, int, int]]:
-        """(kind, start, end) for every non-empty segment, in order; kind is prefix, doc or suffix."""
-        out = []
-        if self.prefix_len:
-            out.append(("prefix", 0, self.prefix_len))
-        out.extend(("doc", d.start, d.end) for d in self.docs)
-        if self.suffix_len:
-            out.append(("suffix", self.docs_end, self.seq_len))
-        return out
-
 
 @dataclass
 class PromptBits:

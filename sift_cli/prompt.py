@@ -68,24 +68,41 @@ def read_query(path: str | Path) -> str:
     return text
 
 
+def build_prompt(lm: LoadedModel, prefix_ids: list[int], doc_ids: list[str], doc_tokens: list[list[int]],
+                 la_blobs: list[bytes], ca_blobs: list[bytes], tile: int, query: str,
+                 instruction: str = DEFAULT_INSTRUCTION, allow_long: bool = False,
+                 suffix_ids: list[int] | None = None, too_long_hint: str = "") -> Prompt:
+    """prefix ‖ docs ‖ suffix from token ids and packed bits (SPEC §2), without re-tokenising; the suffix is the
+    query in the chat template unless `suffix_ids` is given. allow_long: past the model's context (evaluations)."""
+    suffix = list(suffix_ids) if suffix_ids is not None else suffix_token_ids(lm.tokenizer, query, instruction)
+    ids = list(prefix_ids)
+    for t in doc_tokens:
+        ids.extend(t)
+    ids.extend(suffix)
+    if len(ids) > lm.max_context and not allow_long:
+        raise SiftError(f"the prompt has {len(ids)} tokens, more than the model's context of {lm.max_context}"
+                        f"{too_long_hint}")
+    layout = PromptLayout.build(len(prefix_ids), list(doc_ids), [len(t) for t in doc_tokens], len(suffix))
+    bits = PromptBits.pack(layout, la_blobs, ca_blobs, tile, lm.n_layers, lm.n_heads)
+    return Prompt(ids, layout, bits, list(doc_ids), query)
+
+
+def prompt_from_shards(shards: ShardSet, lm: LoadedModel, doc_ids: list[str], query: str,
+                       instruction: str = DEFAULT_INSTRUCTION, allow_long: bool = False,
+                       too_long_hint: str = "") -> Prompt:
+    """The prompt of `doc_ids` and `query` from a shard set made with this model."""
+    check_model_matches(shards, lm)
+    records = shards.get(doc_ids)
+    return build_prompt(lm, shards.prefix_token_ids, doc_ids, [r.tokens for r in records],
+                        [r.la_bits for r in records], [r.ca_bits for r in records], shards.tile, query, instruction,
+                        allow_long, too_long_hint=too_long_hint)
+
+
 def assemble(shards: ShardSet, lm: LoadedModel, doc_ids: list[str], query: str,
              instruction: str = DEFAULT_INSTRUCTION) -> Prompt:
+    """The online prompt (`sift prefill`): checked documents and query, within the model's context."""
     if not doc_ids:
         raise SiftError("no documents given")
     if not query.strip():
         raise SiftError("the query is empty")
-    check_model_matches(shards, lm)
-    records = shards.get(doc_ids)
-    prefix = shards.prefix_token_ids
-    suffix = suffix_token_ids(lm.tokenizer, query, instruction)
-    ids = list(prefix)
-    for r in records:
-        ids.extend(r.tokens)
-    ids.extend(suffix)
-    if len(ids) > lm.max_context:
-        raise SiftError(f"the prompt has {len(ids)} tokens, more than the model's context of {lm.max_context}; "
-                        f"retrieve fewer documents")
-    layout = PromptLayout.build(len(prefix), doc_ids, [len(r.tokens) for r in records], len(suffix))
-    bits = PromptBits.pack(layout, [r.la_bits for r in records], [r.ca_bits for r in records], shards.tile,
-                           lm.n_layers, lm.n_heads)
-    return Prompt(ids, layout, bits, list(doc_ids), query)
+    return prompt_from_shards(shards, lm, doc_ids, query, instruction, too_long_hint="; retrieve fewer documents")

@@ -218,12 +218,6 @@ def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) ->
     return rows
 
 
-def dense_blocks(L, H, block_n):
-    from ..attention.base import causal_block_count
-
-    return H * causal_block_count(L, BLOCK_M, block_n)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Driver
 # ----------------------------------------------------------------------------------------------------------

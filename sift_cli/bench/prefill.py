@@ -30,7 +30,6 @@ least a second; E is joules per prefill; tokens/J = L / E; EDP = E·t; ED²P = E
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import threading
 import time
@@ -441,9 +440,9 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
                 rows.append({**base, "mode": f"sift-{bname}", "error": str(exc)})
                 return
             if backend.name == "reference" and dev.type == "cpu":
-                from ..eval.fastref import BandedReferenceBackend
+                from ..attention.reference import BAND_ROWS, ReferenceBackend
 
-                backend = BandedReferenceBackend()
+                backend = ReferenceBackend(rows=BAND_ROWS)
             decoder = "cuda" if (backend.name == "cuda" or _cuda_decoder_ok(dev)) else "torch"
             runs = []
             for i in range(warmup + repeat):
@@ -690,13 +689,9 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def ceil_div(a, b):
-    return -(-a // b)
-
-
 __all__ = ["Case", "EnergyMeter", "HostKV", "llama3_8b_shaped", "llama_cases", "paper_density_bits",
            "require_gpu", "run_case", "sampled_bits", "smol_cases", "summarize_rows", "synthetic_layout",
-           "energy_metrics", "math"]
+           "energy_metrics"]
 
 
 CPU_SMOKE_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,

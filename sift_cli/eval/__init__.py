@@ -6,7 +6,7 @@ dicts, so the CLI (`sift_cli/cli_eval.py`) only parses and renders:
 - `common`     prompt specs (NQ, essays, user files), profiling into a work directory, prompt composition
 - `probe`      run a model's dense forward and hand every layer's post-RoPE q, k to a callback
 - `recall`     truly high attention cells of composed prompts against the stored LA tiles / CA pages
-- `fastref`    a chunked CPU implementation of the reference block-sparse attention (same maths, less memory)
+- `backend`    the backend an evaluation runs SIFT with (on CPU the reference in its banded mode)
 - `kvreuse`    per-document KV caches, RoPE re-rotation, naive KV reuse and CacheBlend
 - `static`     the sink+window static sparse baseline at a given block density
 - `qa`         multi-document QA records, the NQ builder, lost-in-the-middle scoring, all modes side by side

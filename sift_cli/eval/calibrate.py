@@ -17,13 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import SiftError
 from .common import PromptSet
-from .sweep import GridPoint, SweepContext, grid
-
-DEFAULT_TILES = (32, 64)
-DEFAULT_ALPHAS = (0.001, 0.003, 0.01, 0.03)
-DEFAULT_BETAS = (0.01, 0.03)
-DEFAULT_GAMMAS = (0.1, 0.3)
-
+from .sweep import GridPoint, SweepContext
 
 @dataclass(frozen=True)
 class Target:
@@ -61,13 +55,9 @@ class Target:
         return True
 
 
-def default_grid() -> list[GridPoint]:
-    return grid(DEFAULT_TILES, DEFAULT_ALPHAS, DEFAULT_BETAS, DEFAULT_GAMMAS)
-
-
 def calibrate(lm, pset: PromptSet, points: list[GridPoint], target: Target, backend=None, block_m: int = 128,
               block_n: int = 64, max_new_tokens: int = 8, progress=None) -> dict:
-    from .fastref import eval_backend
+    from .backend import eval_backend
 
     target.check()
     backend = backend or eval_backend("auto", lm.device)

@@ -17,10 +17,9 @@ from pathlib import Path
 
 from ..corpus import CorpusFormat, Document, load_documents, render
 from ..errors import SiftError
-from ..layout import PromptBits, PromptLayout
-from ..models import DEFAULT_INSTRUCTION, LoadedModel, cache_dir, suffix_token_ids
+from ..models import DEFAULT_INSTRUCTION, LoadedModel, cache_dir
 from ..config import ProfileConfig
-from ..prompt import Prompt, check_model_matches
+from ..prompt import Prompt, prompt_from_shards
 from ..shards import ShardSet
 
 ESSAY_QUESTIONS = (
@@ -179,31 +178,10 @@ def ensure_shards(pset: PromptSet, lm: LoadedModel, cfg: ProfileConfig, work: st
 
 # ---- composing prompts -----------------------------------------------------------------------------------------
 
-def build_prompt(lm: LoadedModel, prefix_ids: list[int], doc_ids: list[str], doc_tokens: list[list[int]],
-                 la_blobs: list[bytes], ca_blobs: list[bytes], tile: int, question: str,
-                 instruction: str = DEFAULT_INSTRUCTION, allow_long: bool = False,
-                 suffix_ids: list[int] | None = None) -> Prompt:
-    """prefix ‖ docs ‖ suffix from token ids and packed bits (SPEC §2), without re-tokenising."""
-    suffix = list(suffix_ids) if suffix_ids is not None else suffix_token_ids(lm.tokenizer, question, instruction)
-    ids = list(prefix_ids)
-    for t in doc_tokens:
-        ids.extend(t)
-    ids.extend(suffix)
-    if len(ids) > lm.max_context and not allow_long:
-        raise SiftError(f"the prompt has {len(ids)} tokens, more than the model's context of {lm.max_context}")
-    layout = PromptLayout.build(len(prefix_ids), list(doc_ids), [len(t) for t in doc_tokens], len(suffix))
-    bits = PromptBits.pack(layout, la_blobs, ca_blobs, tile, lm.n_layers, lm.n_heads)
-    return Prompt(ids, layout, bits, list(doc_ids), question)
-
-
 def compose(shards: ShardSet, lm: LoadedModel, spec: PromptSpec, instruction: str = DEFAULT_INSTRUCTION,
             allow_long: bool = False) -> Prompt:
-    """The online prompt of `spec` from a shard set (like `prompt.assemble`, optionally past the context)."""
-    check_model_matches(shards, lm)
-    records = shards.get(list(spec.doc_ids))
-    return build_prompt(lm, shards.prefix_token_ids, list(spec.doc_ids), [r.tokens for r in records],
-                        [r.la_bits for r in records], [r.ca_bits for r in records], shards.tile, spec.question,
-                        instruction, allow_long)
+    """The online prompt of `spec` from a shard set (`prompt.assemble` without its checks of the inputs)."""
+    return prompt_from_shards(shards, lm, list(spec.doc_ids), spec.question, instruction, allow_long)
 
 
 def doc_masks(prompt: Prompt, layer: int):

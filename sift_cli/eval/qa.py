@@ -287,7 +287,7 @@ def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_token
            block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal",
            done: dict | None = None, on_item=None, progress=None) -> dict:
     """All prompts of `pset`; `done` maps item_key → an earlier result (resumed runs skip those)."""
-    from .fastref import eval_backend
+    from .backend import eval_backend
 
     unknown = [m for m in modes if m not in MODES]
     if unknown:

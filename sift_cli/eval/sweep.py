@@ -21,7 +21,8 @@ from ..errors import SiftError
 from ..job import tokenize_documents
 from ..models import prefix_token_ids
 from ..prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
-from .common import PromptSet, build_prompt
+from ..prompt import build_prompt
+from .common import PromptSet
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class SweepContext:
 
 def run_sweep(lm, pset: PromptSet, points: list[GridPoint], backend=None, block_m: int = 128, block_n: int = 64,
               max_new_tokens: int = 16, recall: bool = False, progress=None, ctx: SweepContext | None = None) -> dict:
-    from .fastref import eval_backend
+    from .backend import eval_backend
 
     backend = backend or eval_backend("auto", lm.device)
     ctx = ctx or SweepContext(lm, pset, points, max_new_tokens)

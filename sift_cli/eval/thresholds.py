@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..bits import n_pages, pack_doc
+from ..bits import n_pages
 from ..attention.swap import swapped_attention
 from ..config import CPU_DEFAULTS
 from ..profile import band_tile_max, causal_sdpa, plan_batches, probability_bands
@@ -140,13 +140,3 @@ def derive_bits(st: DocStats, tile: int, alpha: float, beta: float, gamma: float
     ca = pc > gamma
     return la, ca
 
-
-def packed_bits(stats: list[DocStats], tile: int, alpha: float, beta: float, gamma: float
-                ) -> tuple[list[bytes], list[bytes]]:
-    la_blobs, ca_blobs = [], []
-    for st in stats:
-        la, ca = derive_bits(st, tile, alpha, beta, gamma)
-        a, c = pack_doc(la, ca)
-        la_blobs.append(a)
-        ca_blobs.append(c)
-    return la_blobs, ca_blobs
