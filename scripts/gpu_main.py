@@ -178,7 +178,7 @@ def attention_breakdown(lm, data, work, limit=0):
         be = get_backend("cuda", lm.device)
         rows["cuda_one_call_host_ms_behind_50ms_sleep"] = host_ms_behind_sleep(
             lambda: be.forward(q[0], k[0], v[0], block_lists[0], D ** -0.5))
-        from sift_cli.kernels import tensor_map_bf16_3d
+        from sift_cli.cuda.runtime import tensor_map_bf16_3d
         rows["tma_encode_host_ms_behind_sleep"] = host_ms_behind_sleep(lambda: tensor_map_bf16_3d(q[0], 128))
     except Exception as exc:
         rows["sync_probe_error"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -26,7 +26,7 @@ def decode_all_layers(bits: PromptBits, n_layers: int, block_m: int, block_n: in
                       decoder: str = "torch") -> list[BlockLists]:
     """Every layer's CSR lists, with the PyTorch decoder or the CUDA kernel (bits already on the device)."""
     if decoder == "cuda":
-        from .kernels import CudaDecoder
+        from .cuda.decode import CudaDecoder
 
         dec = CudaDecoder(bits, block_m, block_n)
         return [dec.layer(layer) for layer in range(n_layers)]

@@ -1,4 +1,4 @@
-"""The Hopper backend: kernels/sparse_attn_fwd.cu through sift_cli.kernels (CuPy/NVRTC, sm_90a)."""
+"""The Hopper backend: kernels/sparse_attn_fwd.cu through sift_cli.cuda (CuPy/NVRTC, sm_90a)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class CudaBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists, scale: float,
                 return_lse: bool = False):
-        from ..kernels import sparse_attention_forward
+        from ..cuda.attention import sparse_attention_forward
 
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")

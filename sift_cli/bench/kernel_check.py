@@ -1,10 +1,9 @@
 """One-call device check for the bundled kernels: compile, correctness sweep, timings of variants.
 
-    PYTHONPATH=. python3 -m sift_cli.bench.kernel_check --out $OUT [--bench quick|full|none]
+    python -m sift_cli.bench.kernel_check --out $OUT [--bench quick|full|none]
 
 Writes check.json (every case with its errors), bench.json / bench.md (timings) and a log under --out, and
-prints a short summary last. The helpers here (attention_case, decode_case, random prompts) are also what
-tests/test_kernels_gpu.py runs.
+prints a short summary last. The cases (`sift_cli.cuda.checks`) are the ones the GPU tests assert.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ import traceback
 import numpy as np
 import torch
 
-from ..attention.base import BlockLists
-from ..block_lists import decode_layer, dense_block_lists
+from ..block_lists import decode_layer
+from ..cuda.checks import attention_case, decode_case, make_block_lists, random_block_lists, random_case_bits
 
 _LOG = []
 
@@ -30,103 +29,6 @@ def log(*a):
     msg = " ".join(str(x) for x in a)
     _LOG.append(msg)
     print(msg, flush=True)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Cases
-# ----------------------------------------------------------------------------------------------------------
-
-def make_block_lists(kind: str, H: int, L: int, block_n: int, seed: int, device="cuda") -> BlockLists:
-    from .kernels import random_block_lists
-
-    if kind == "dense":
-        return dense_block_lists(L, H, 128, block_n, device=device)
-    if kind == "sparse":
-        return random_block_lists(H, L, block_n, 0.3, seed=seed, device=device)
-    if kind == "sparse10":
-        return random_block_lists(H, L, block_n, 0.1, seed=seed, device=device)
-    raise ValueError(kind)
-
-
-def attention_case(H: int, H_kv: int, L: int, D: int, blocks: BlockLists, seed: int = 0, std: float = 1.0,
-                   **variant) -> dict:
-    """Run the kernel on fresh random inputs with poisoned outputs; compare with the fp32 reference."""
-    from ..attention.reference import block_sparse_attention
-    from ..kernels import sparse_attention_forward
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = (torch.randn(H, L, D, generator=g, device="cuda") * std).to(torch.bfloat16)
-    k = (torch.randn(H_kv, L, D, generator=g, device="cuda") * std).to(torch.bfloat16)
-    v = torch.randn(H_kv, L, D, generator=g, device="cuda").to(torch.bfloat16)
-    scale = 1.0 / math.sqrt(D)
-    out = torch.full((H, L, D), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((H, L), float("nan"), dtype=torch.float32, device="cuda")
-    sparse_attention_forward(q, k, v, blocks, scale, return_lse=True, out=out, lse=lse, **variant)
-    torch.cuda.synchronize()
-    ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), blocks, scale, return_lse=True)
-    o = out.float()
-    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_n=blocks.block_n, density=round(blocks.density(), 4),
-               nan_out=int(torch.isnan(o).sum()), nan_lse=int(torch.isnan(lse).sum()))
-    diff = (o - ref).nan_to_num(nan=1e30)
-    res["rel_err"] = float(diff.norm() / ref.norm().clamp_min(1e-30))
-    res["max_abs_err"] = float(diff.abs().max())
-    res["lse_max_abs_err"] = float((lse - ref_lse).nan_to_num(nan=1e30).abs().max())
-    res["ok"] = res["nan_out"] == 0 and res["nan_lse"] == 0 and res["rel_err"] < 1e-2 and res["lse_max_abs_err"] < 1e-2
-    if not res["ok"]:  # where is it wrong? per 64-row slab and per head
-        rows = (o - ref).abs().nan_to_num(nan=1e30).amax(dim=(0, 2))
-        bad = torch.nonzero(rows > 0.05).flatten()
-        res["bad_rows_first"] = bad[:8].tolist()
-        res["bad_rows_count"] = int(bad.numel())
-        res["bad_heads"] = torch.nonzero((o - ref).abs().nan_to_num(nan=1e30).amax(dim=(1, 2)) > 0.05).flatten().tolist()[:8]
-    return res
-
-
-def random_prompt_bits(rng, tile: int, n_layers: int = 2, n_heads: int = 3, doc_lengths=None, prefix_len=None,
-                       suffix_len=None, la_p=0.3, ca_p=0.3):
-    from ..layout import PromptLayout, random_prompt_bits
-
-    if doc_lengths is None:
-        doc_lengths = [int(x) for x in rng.integers(1, 6 * tile, size=int(rng.integers(1, 6)))]
-    prefix_len = int(rng.integers(0, 140)) if prefix_len is None else prefix_len
-    suffix_len = int(rng.integers(0, 200)) if suffix_len is None else suffix_len
-    blocks = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
-    return random_prompt_bits(blocks, tile, n_layers, n_heads, la_p, ca_p, rng)[0]
-
-
-def decode_case(bits, block_n: int, block_m: int = 128) -> dict:
-    from ..kernels import CudaDecoder
-
-    gpu = bits.to("cuda")
-    dec = CudaDecoder(gpu, block_m, block_n)
-    res = dict(tile=bits.tile, block_n=block_n, L=bits.layout.seq_len, docs=len(bits.layout.docs), ok=True,
-               layers=bits.n_layers)
-    for layer in range(bits.n_layers):
-        want = decode_layer(bits, layer, block_m, block_n)
-        got = dec.layer(layer)
-        torch.cuda.synchronize()
-        same = torch.equal(got.offsets.cpu(), want.offsets) and torch.equal(got.indices.cpu(), want.indices)
-        if not same:
-            res["ok"] = False
-            res["first_bad_layer"] = layer
-            go, wo = got.offsets.cpu(), want.offsets
-            res["offsets_equal"] = bool(torch.equal(go, wo))
-            if not res["offsets_equal"]:
-                bad = torch.nonzero(go != wo)
-                res["first_bad_offset"] = bad[0].tolist()
-            break
-    single = decode_layer_cuda_check(gpu, bits, block_m, block_n)
-    res["single_layer_entry_ok"] = single
-    res["ok"] = res["ok"] and single
-    return res
-
-
-def decode_layer_cuda_check(gpu, bits, block_m, block_n) -> bool:
-    from ..kernels import decode_layer_cuda
-
-    layer = bits.n_layers - 1
-    got = decode_layer_cuda(gpu, layer, block_m, block_n)
-    want = decode_layer(bits, layer, block_m, block_n)
-    return torch.equal(got.offsets.cpu(), want.offsets) and torch.equal(got.indices.cpu(), want.indices)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -162,7 +64,7 @@ def attention_sweep(quick: bool = False, **variant) -> list[dict]:
             r["mask"] = "sparse10 std3"
             results.append(r)
             log(_fmt(r))
-            bits = random_prompt_bits(rng, 64, n_layers=1, n_heads=6, doc_lengths=[700, 1300, 90, 2000],
+            bits = random_case_bits(rng, 64, n_layers=1, n_heads=6, doc_lengths=[700, 1300, 90, 2000],
                                       prefix_len=45, suffix_len=130, la_p=0.25, ca_p=0.1)
             lay = decode_layer(bits, 0, 128, bn).to("cuda")
             r = attention_case(6, 2, bits.layout.seq_len, D, lay, seed=11)
@@ -183,16 +85,16 @@ def decode_sweep() -> list[dict]:
     for tile in (16, 32, 64, 128, 256):
         for bn in (64, 128):
             for trial in range(3):
-                bits = random_prompt_bits(rng, tile)
+                bits = random_case_bits(rng, tile)
                 r = decode_case(bits, bn)
                 results.append(r)
             log(f"decode tile={tile} bn={bn}: {[r['ok'] for r in results[-3:]]}")
     # short, misaligned docs; one long prompt
-    bits = random_prompt_bits(rng, 16, doc_lengths=[1, 5, 17, 3, 130, 2], prefix_len=13, suffix_len=1, la_p=0.2,
+    bits = random_case_bits(rng, 16, doc_lengths=[1, 5, 17, 3, 130, 2], prefix_len=13, suffix_len=1, la_p=0.2,
                               ca_p=0.5)
     for bn in (64, 128):
         results.append(decode_case(bits, bn))
-    bits = random_prompt_bits(rng, 64, n_layers=2, n_heads=4, doc_lengths=[2048] * 7 + [333], prefix_len=50,
+    bits = random_case_bits(rng, 64, n_layers=2, n_heads=4, doc_lengths=[2048] * 7 + [333], prefix_len=50,
                               suffix_len=100, la_p=0.27, ca_p=0.06)
     for bn in (64, 128):
         results.append(decode_case(bits, bn))
@@ -202,7 +104,7 @@ def decode_sweep() -> list[dict]:
 
 def variant_timings(log=log) -> list[dict]:
     """Time kernel variants (pipeline knobs) at L = 16K, dense and 10% blocks: what each stage costs."""
-    from .kernels import block_lists_flops, random_block_lists, sift_fn, time_ms
+    from .kernels import block_lists_flops, sift_fn, time_ms
 
     rows = []
     L = 16384

@@ -16,37 +16,19 @@ import numpy as np
 import torch
 
 from ..attention.base import BlockLists
-from ..block_lists import causal_cells_per_block, dense_block_lists, block_lists_from_mask
+from ..block_lists import causal_cells_per_block
+from ..cuda.attention import BLOCK_M
+from ..cuda.checks import random_block_lists
 
 SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-135M
 LENGTHS = (16384, 32768, 65536)
 DENSITIES = (1.0, 0.3, 0.1)
 BLOCK_NS = (128, 64)
-BLOCK_M = 128
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Layouts and FLOPs
 # ----------------------------------------------------------------------------------------------------------
-
-def random_block_lists(H: int, L: int, block_n: int, density: float, seed: int = 0, device="cuda",
-                        block_m: int = BLOCK_M) -> BlockLists:
-    """Random block-sparse causal block lists: every block touching the diagonal kept, each other causal block kept
-    with probability `density` (density 1.0: all causal blocks)."""
-    if density >= 1.0:
-        return dense_block_lists(L, H, block_m, block_n, device=device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    M, N = -(-L // block_m), -(-L // block_n)
-    q_first = torch.arange(M, device=device) * block_m
-    q_last = torch.clamp(q_first + block_m, max=L) - 1
-    k_first = torch.arange(N, device=device) * block_n
-    k_last = k_first + block_n - 1
-    causal = k_first[None, :] <= q_last[:, None]
-    diag = causal & (k_last[None, :] >= q_first[:, None])
-    keep = torch.rand(H, M, N, generator=g, device=device) < density
-    mask = (keep & causal[None]) | diag[None]
-    return block_lists_from_mask(mask.contiguous(), block_m, block_n, L)
-
 
 def block_lists_flops(blocks: BlockLists, head_dim: int) -> int:
     cells = causal_cells_per_block(blocks.seq_len, blocks.block_m, blocks.block_n, blocks.offsets.device)
@@ -133,7 +115,7 @@ def flex_fn(q, k, v, blocks: BlockLists, scale):
 
 
 def sift_fn(q, k, v, blocks: BlockLists, scale, **variant):
-    from ..kernels import sparse_attention_forward
+    from ..cuda.attention import sparse_attention_forward
 
     out = torch.empty_like(q)
 
@@ -182,7 +164,7 @@ def graph_time_ms(fn, reps: int = 200) -> float | None:
 
 
 def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) -> list[dict]:
-    from ..kernels import CudaDecoder
+    from ..cuda.decode import CudaDecoder
 
     rows = []
     for L in lengths:

@@ -40,7 +40,8 @@ class DocStats:
 
 
 def doc_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
-              betas: tuple[float, ...], budget: int = CPU_DEFAULTS.stats_budget_bytes) -> tuple[torch.Tensor, torch.Tensor]:
+              betas: tuple[float, ...], budget: int = CPU_DEFAULTS.stats_budget_bytes
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """tile_max [H, P, P] and page_conc [nβ, H, P] of one document (q [H, S, D], k [H_kv, S, D], post-RoPE)."""
     H = q.shape[0]
     T, P = tile, n_pages(n_doc, tile)

@@ -7,11 +7,13 @@ import subprocess
 import pytest
 import torch
 
-from sift_cli import kernels
+from sift_cli.cuda import attention as cuda_attention
+from sift_cli.cuda import runtime
 from sift_cli.errors import SiftError
 from tests.conftest import nvcc_path
 
-ATTN_CONFIGS = [(d, bn, kernels.default_stages(d, bn), pp) for d in (64, 128) for bn in (64, 128) for pp in (1, 0)]
+ATTN_CONFIGS = [(d, bn, cuda_attention.default_stages(d, bn), pp) for d in (64, 128) for bn in (64, 128)
+                for pp in (1, 0)]
 
 
 def _nvcc(tmp_path, source, defines):
@@ -20,7 +22,7 @@ def _nvcc(tmp_path, source, defines):
         pytest.skip("nvcc not found")
     cubin = tmp_path / "k.cubin"
     cmd = [nvcc, "-gencode=arch=compute_90a,code=sm_90a", "--cubin", "-std=c++17", "-Xptxas", "-v",
-           *[f"-D{k}={v}" for k, v in defines], "-o", str(cubin), str(kernels.kernel_dir() / source)]
+           *[f"-D{k}={v}" for k, v in defines], "-o", str(cubin), str(runtime.kernel_dir() / source)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert cubin.stat().st_size > 0
@@ -47,12 +49,12 @@ def test_decode_kernel_compiles(tmp_path):
 def test_shared_memory_fits_hopper():
     for d in (64, 128):
         for bn in (64, 128):
-            assert kernels.attention_smem_bytes(d, bn, kernels.default_stages(d, bn)) <= 227 * 1024
+            assert cuda_attention.attention_smem_bytes(d, bn, cuda_attention.default_stages(d, bn)) <= 227 * 1024
 
 
 def test_sources_found_and_self_contained():
     for name in ("sparse_attn_fwd.cu", "decode.cu"):
-        src = kernels.kernel_source(name)
+        src = runtime.kernel_source(name)
         assert not re.search(r"^\s*#\s*include", src, re.M)  # NVRTC needs no CUDA headers for these
 
 
@@ -64,7 +66,7 @@ def test_cpu_tensors_are_refused_clearly():
     with pytest.raises(SiftError, match="CUDA device"):
         CudaBackend().forward(q, q[:1], q[:1], dense_block_lists(10, 2), 0.125)
     with pytest.raises(SiftError, match="head_dim"):
-        kernels.attention_kernel(96, 64, 0)
+        cuda_attention.attention_kernel(96, 64, 0)
 
 
 def test_flex_block_mask_matches_reference():
@@ -72,7 +74,7 @@ def test_flex_block_mask_matches_reference():
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     from sift_cli.attention.flex import block_mask_from_lists
     from sift_cli.attention.reference import block_sparse_attention
-    from sift_cli.bench.kernels import random_block_lists
+    from sift_cli.cuda.checks import random_block_lists
 
     torch.manual_seed(0)
     for L, bn in ((256, 64), (300, 128)):
