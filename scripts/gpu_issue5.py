@@ -110,10 +110,11 @@ def bits_check(lm, data, n_nq=24, n_essays=4, fast_stats="triton"):
     from sift_cli.bench.profile import essay_case_records, nq_case_records
     from sift_cli.corpus import load_documents
     from sift_cli.datasets import write_jsonl
-    from sift_cli.job import tokenize_documents
+    from sift_cli.models import tokenize_documents
     from sift_cli.models import prefix_token_ids
     from sift_cli.config import ProfileConfig
-    from sift_cli.profile import plan_batches, profile_batch
+    from sift_cli.profile.batches import plan_batches
+    from sift_cli.profile.forward import profile_batch
 
     recs = nq_case_records(data, n_nq) + essay_case_records(data, n_essays)
     corpus = write_jsonl(recs, Path(tempfile.mkdtemp(prefix="sift-bits-")) / "docs.jsonl")
@@ -167,9 +168,9 @@ def bits_check(lm, data, n_nq=24, n_essays=4, fast_stats="triton"):
 def kernel_timing():
     import torch.nn.functional as F
 
-    from sift_cli import stats_triton as st
+    from sift_cli.profile import triton_statistics as st
     from sift_cli.config import ProfileConfig
-    from sift_cli.profile import doc_attention_bits
+    from sift_cli.profile.statistics import doc_attention_bits
 
     def ms(fn, reps=10):
         fn()
@@ -229,7 +230,7 @@ def where_time_goes(lm, data, n_docs: int, work: Path, top: int = 30, stats: str
     from sift_cli.bench.profile import nq_case_records
     from sift_cli.corpus import CorpusFormat
     from sift_cli.datasets import write_jsonl
-    from sift_cli.job import profile_corpus
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.config import ProfileConfig
 
     corpus = write_jsonl(nq_case_records(data, n_docs), work / "nq-prof.jsonl")

@@ -63,7 +63,8 @@ def dense_throughput(lm, prefix, docs_tokens, repeat=3):
 
 def profile_case(lm, name, records, work):
     from sift_cli.datasets import write_jsonl
-    from sift_cli.job import profile_corpus, tokenize_documents
+    from sift_cli.models import tokenize_documents
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.corpus import load_documents
     from sift_cli.models import prefix_token_ids
     from sift_cli.config import ProfileConfig
@@ -88,7 +89,7 @@ def profile_case(lm, name, records, work):
 
 def ttft_cases(lm, data, work, repeat, limit=0):
     from sift_cli.datasets import write_jsonl
-    from sift_cli.job import profile_corpus
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import run_prefill
     from sift_cli.config import ProfileConfig
     from sift_cli.prompt import assemble

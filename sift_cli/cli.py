@@ -80,7 +80,7 @@ def profile(
     """Profile every document of CORPUS into Parquet bit-vector shards under --out."""
     from .corpus import CorpusFormat
     from .config import resolve_profile_config
-    from .job import profile_corpus
+    from .profile.job import profile_corpus
     from .workers import detect_rank, owned_shards, worker_device
 
     corpus = _resolve_corpus(corpus)

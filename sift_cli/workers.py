@@ -379,7 +379,7 @@ def resolve_num_shards(corpus, fmt, out: str | Path, num_shards: int | None, doc
     if parts:
         return int(ShardFile.open(parts[0]).meta["sift.num_shards"])
     from .corpus import load_documents
-    from .job import default_num_shards
+    from .profile.job import default_num_shards
 
     return default_num_shards(len(load_documents(corpus, fmt)), docs_per_shard)
 

@@ -154,7 +154,7 @@ def test_calibrate_without_a_candidate_writes_nothing(tiny_lm, small_corpus):
 
 
 def test_eval_recall_from_shards_and_prompts(capsys, tmp_path, tiny_ckpt, tiny_lm, small_corpus):
-    from sift_cli.job import profile_corpus
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.config import ProfileConfig
 
     profile_corpus(small_corpus, tmp_path / "sh", tiny_lm, ProfileConfig(tile=16), num_shards=1)

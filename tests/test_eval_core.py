@@ -12,10 +12,10 @@ from sift_cli.eval.common import PromptSet, PromptSpec, compose, ensure_shards
 from sift_cli.eval.backend import eval_backend
 from sift_cli.eval.recall import area_shares, run_recall
 from sift_cli.eval.thresholds import collect_stats, derive_bits
-from sift_cli.job import tokenize_documents
+from sift_cli.models import tokenize_documents
 from sift_cli.models import prefix_token_ids
 from sift_cli.config import ProfileConfig
-from sift_cli.profile import profile_batch
+from sift_cli.profile.forward import profile_batch
 
 from .helpers import TRAINING_TEXT, eager_attentions
 

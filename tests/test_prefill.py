@@ -9,7 +9,7 @@ from sift_cli.attention.base import BlockLists
 from sift_cli.attention.reference import block_sparse_attention
 from sift_cli.block_lists import dense_block_lists
 from sift_cli.errors import SiftError
-from sift_cli.job import profile_corpus
+from sift_cli.profile.job import profile_corpus
 from sift_cli.models import load_model
 from sift_cli.prefill import dense_prefill, run_prefill, sparse_prefill
 from sift_cli.config import ProfileConfig

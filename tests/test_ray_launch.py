@@ -6,7 +6,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from sift_cli.job import profile_corpus  # noqa: E402
+from sift_cli.profile.job import profile_corpus  # noqa: E402
 from sift_cli.config import ProfileConfig  # noqa: E402
 from sift_cli.shards import list_parts  # noqa: E402
 

@@ -4,7 +4,7 @@ import pytest
 
 from sift_cli.models import load_model, prefix_token_ids
 from sift_cli.config import ProfileConfig
-from sift_cli.profile import profile_batch
+from sift_cli.profile.forward import profile_batch
 from sift_cli.sample import sample_documents
 
 from .helpers import brute_force_bits, eager_attentions
@@ -55,7 +55,7 @@ def _nq_or_skip():
 def test_nq_five_documents_same_first_token(smol, tmp_path):
     """A 5-passage NQ prompt: SIFT at the default thresholds gives the same first token as full recompute."""
     from sift_cli.datasets import nq_items, nq_passages, write_jsonl
-    from sift_cli.job import profile_corpus
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import run_prefill
     from sift_cli.prompt import assemble
     from sift_cli.shards import ShardSet
@@ -79,7 +79,7 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
 
     from sift_cli.attention.reference import ReferenceBackend
     from sift_cli.datasets import write_jsonl
-    from sift_cli.job import profile_corpus
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import dense_prefill, sparse_prefill
     from sift_cli.prompt import assemble
     from sift_cli.shards import ShardSet

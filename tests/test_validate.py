@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sift_cli.errors import SiftError
-from sift_cli.job import profile_corpus
+from sift_cli.profile.job import profile_corpus
 from sift_cli.config import ProfileConfig
 from sift_cli.shards import MANIFEST, ShardSet, decode_metadata, encode_metadata, list_parts, part_name, write_manifest
 from sift_cli.stats import draw_tile_map, inspect_shards, tile_map

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sift_cli.errors import SiftError
-from sift_cli.job import profile_corpus
+from sift_cli.profile.job import profile_corpus
 from sift_cli.config import ProfileConfig
 from sift_cli.shards import MANIFEST, list_parts, part_name
 from sift_cli.validate import validate_path
@@ -162,7 +162,7 @@ def test_claim_removes_a_dead_writers_temporaries(tmp_path):
 
 DRIVER = r"""
 import os, signal, sys, time
-import sift_cli.job as job
+import sift_cli.profile.job as job
 import sift_cli.shards as shards
 
 slow = float(os.environ.get("SIFT_TEST_SLOW", "0"))
@@ -334,7 +334,7 @@ def test_clean_leftovers_keeps_held_locks(tmp_path):
 
 def test_claim_is_held_until_the_shard_file_is_in_place(tmp_path, tiny_lm, small_corpus, monkeypatch):
     """Shards are written on a background thread; the bucket stays claimed until its file is renamed in place."""
-    import sift_cli.job as jobmod
+    import sift_cli.profile.job as jobmod
 
     real_write, seen = jobmod.write_shard, []
 

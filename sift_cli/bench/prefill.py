@@ -609,7 +609,7 @@ def llama_cases(lengths, pattern: str = "paper", doc_tokens: int = 2048, tile: i
 def essay_token_docs(lm, data, doc_tokens: int, n: int) -> list[list[int]]:
     """The first `doc_tokens` tokens of the first `n` essays long enough (templated as in STUDY.md)."""
     from ..datasets import data_dir, essay_records
-    from ..job import tokenize_documents
+    from ..models import tokenize_documents
     from ..eval.common import render_records
 
     docs = list(render_records(essay_records(data_dir(data), words=10 ** 6)).values())
@@ -623,7 +623,7 @@ def real_profiles(lm, docs: list[list[int]], tile: int = 64):
     """DocBits of documents profiled on the spot at the default thresholds."""
     from ..models import prefix_token_ids
     from ..config import resolve_profile_config
-    from ..profile import profile_batch
+    from ..profile.forward import profile_batch
 
     cfg = resolve_profile_config(lm.device, {"tile": tile}).profile
     prefix = prefix_token_ids(lm.tokenizer)

@@ -70,16 +70,12 @@ def dense_prefill_tok_s(lm, prefix_ids: list[int], docs: list[list[int]], batch_
                         repeat: int = 2) -> float:
     """Document tokens per second of the plain model forward on `prefix ‖ doc`, batched as `sift profile`
     batches them (SDPA attention; no statistics)."""
-    from ..profile import plan_batches
+    from ..profile.batches import padded_batch, plan_batches
 
     base = getattr(lm.model, "model", lm.model)
     batches = []
     for idx in plan_batches([len(d) for d in docs], len(prefix_ids), batch_tokens):
-        longest = len(prefix_ids) + max(len(docs[i]) for i in idx)
-        ids = torch.zeros(len(idx), longest, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, : len(prefix_ids) + len(docs[i])] = torch.tensor(prefix_ids + list(docs[i]))
-        batches.append(ids.to(lm.device))
+        batches.append(padded_batch(prefix_ids, [docs[i] for i in idx]).to(lm.device))
     base(input_ids=batches[0], use_cache=False)  # warm-up (kernel choice for this shape)
     _sync(lm.device)
     times = []
@@ -93,7 +89,7 @@ def dense_prefill_tok_s(lm, prefix_ids: list[int], docs: list[list[int]], batch_
 
 
 def _profile_run(lm, corpus, out: Path, cfg, fmt, prefix_text, docs_per_shard):
-    from ..job import profile_corpus
+    from ..profile.job import profile_corpus
 
     if out.exists():
         shutil.rmtree(out)
@@ -123,7 +119,7 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
     """One row: dense prefill and the whole profile run with each statistics path, on the same documents."""
     from ..corpus import CorpusFormat, load_documents
     from ..datasets import write_jsonl
-    from ..job import tokenize_documents
+    from ..models import tokenize_documents
     from ..models import prefix_token_ids
     from ..config import resolve_profile_config
 

@@ -161,7 +161,7 @@ def ensure_shards(pset: PromptSet, lm: LoadedModel, cfg: ProfileConfig, work: st
                   num_shards: int = 8, progress=None) -> ShardSet:
     """Profile the documents the prompts use (deduplicated) into `work`/shards; resumable, reused when done."""
     from ..datasets import write_jsonl
-    from ..job import profile_corpus
+    from ..profile.job import profile_corpus
 
     work = Path(work) if work else default_work_dir(pset.name, lm, cfg)
     docs = pset.used_docs()

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..config import CPU_DEFAULTS
 from ..errors import SiftError
 from ..models import LoadedModel
-from ..profile import plan_batches
+from ..profile.batches import padded_batch, plan_batches
 
 
 def _sync(device) -> None:
@@ -73,10 +73,7 @@ def standalone_kv(model, prefix_ids: list[int], docs: list[list[int]], batch_tok
     out: list[DocKV | None] = [None] * len(docs)
     prefix_kv = None
     for batch in plan_batches([len(d) for d in docs], P0, batch_tokens):
-        longest = P0 + max(len(docs[i]) for i in batch)
-        ids = torch.zeros(len(batch), longest, dtype=torch.long)
-        for row, i in enumerate(batch):
-            ids[row, :P0 + len(docs[i])] = torch.tensor(list(prefix_ids) + list(docs[i]))
+        ids = padded_batch(prefix_ids, [docs[i] for i in batch])
         cache = base(input_ids=ids.to(device), use_cache=True).past_key_values
         layers = [(cache.layers[li].keys, cache.layers[li].values) for li in range(len(cache.layers))]
         for row, i in enumerate(batch):

@@ -12,7 +12,7 @@ import threading
 import torch
 
 from ..attention.swap import swapped_attention
-from ..profile import causal_sdpa
+from ..profile.forward import causal_sdpa
 
 ATTN_NAME = "sift_eval_probe"
 _local = threading.local()

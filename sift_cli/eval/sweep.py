@@ -18,7 +18,7 @@ import torch
 
 from ..config import device_defaults
 from ..errors import SiftError
-from ..job import tokenize_documents
+from ..models import tokenize_documents
 from ..models import prefix_token_ids
 from ..prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
 from ..prompt import build_prompt

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from ..bits import n_pages
 from ..attention.swap import swapped_attention
 from ..config import CPU_DEFAULTS
-from ..profile import band_tile_max, causal_sdpa, plan_batches, probability_bands
+from ..profile.batches import padded_batch, plan_batches
+from ..profile.forward import causal_sdpa
+from ..profile.statistics import band_tile_max, probability_bands
 
 ATTN_NAME = "sift_eval_stats"
 _state = threading.local()
@@ -97,10 +99,7 @@ def collect_stats(model, prefix_ids: list[int], docs: list[list[int]], tile: int
     with swapped_attention(model, ATTN_NAME, _stats_attention):
         try:
             for batch in plan_batches([len(d) for d in docs], len(prefix_ids), batch_tokens):
-                longest = len(prefix_ids) + max(len(docs[i]) for i in batch)
-                ids = torch.zeros(len(batch), longest, dtype=torch.long)
-                for row, i in enumerate(batch):
-                    ids[row, : len(prefix_ids) + len(docs[i])] = torch.tensor(list(prefix_ids) + list(docs[i]))
+                ids = padded_batch(prefix_ids, [docs[i] for i in batch])
                 st = _State(len(prefix_ids), [len(docs[i]) for i in batch], tile, tuple(betas), budget,
                             [[None] * L for _ in batch], [[None] * L for _ in batch])
                 _state.current = st

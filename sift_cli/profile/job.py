@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from . import __version__
-from .console import temporary_env
-from .corpus import CorpusFormat, Document, load_documents
-from .errors import SiftError
-from .models import LoadedModel, prefix_token_ids
-from .config import ProfileConfig
-from .profile import launch_profile_batch, plan_batches
-from .shards import (FORMAT_VERSION, ShardFile, list_parts, matching_keys, part_name, shard_of, token_sha256,
-                     write_manifest, write_shard)
+from .. import __version__
+from ..config import ProfileConfig
+from ..corpus import CorpusFormat, Document, load_documents
+from ..errors import SiftError
+from ..models import LoadedModel, prefix_token_ids, tokenize_documents, tokenizer_info
+from ..shards import (FORMAT_VERSION, ShardFile, list_parts, matching_keys, part_name, shard_of, token_sha256,
+                      write_manifest, write_shard)
+from ..workers import BucketClaims
+from .batches import plan_batches
+from .forward import launch_profile_batch
 
 
 @dataclass
@@ -50,15 +51,6 @@ class ProfileReport:
                 "shards_written": self.shards_written, "shards_reused": self.shards_reused,
                 "seconds": round(self.seconds, 3), "tokens_per_second": round(self.tokens_per_second, 1),
                 "manifest": self.manifest}
-
-
-def tokenizer_info(tokenizer) -> dict:
-    import hashlib
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    blob = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
-    return {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
-            "sha256": hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]}
 
 
 def shard_metadata(lm: LoadedModel, cfg: ProfileConfig, prefix_ids: list[int], num_shards: int) -> dict:
@@ -94,17 +86,6 @@ def check_compatible(out: Path, meta: dict) -> int | None:
             raise SiftError(f"{out}: holds shards made with a different {key.removeprefix('sift.')} "
                             f"({existing.meta.get(key)!r} vs {meta.get(key)!r}); use another --out directory")
     return int(existing.meta["sift.num_shards"])
-
-
-def tokenize_documents(tokenizer, docs: list[Document], chunk: int = 4096) -> list[list[int]]:
-    """Token ids of each document; a fast tokenizer encodes each chunk on all cores (the profile job does not fork
-    afterwards, so the fork-safety default of TOKENIZERS_PARALLELISM=false is lifted for the call)."""
-    out = []
-    with temporary_env("TOKENIZERS_PARALLELISM", "true"):
-        for i in range(0, len(docs), chunk):
-            enc = tokenizer([d.text for d in docs[i: i + chunk]], add_special_tokens=False)
-            out.extend(list(ids) for ids in enc["input_ids"])
-    return out
 
 
 def default_num_shards(n_docs: int, docs_per_shard: int) -> int:
@@ -173,8 +154,6 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
     total_tokens = sum(len(t) for _, keep, _ in plans for _, t in keep)
     done_tokens = 0
     if claim is None:
-        from .workers import BucketClaims
-
         claim = BucketClaims(out)
     writer = _ShardWriter()
     try:

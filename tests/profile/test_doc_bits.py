@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sift_cli.bits import pack_doc
-from sift_cli.profile import DocBits, _batch_doc_bits
+from sift_cli.profile.doc_bits import DocBits, batch_doc_bits
 
 
 @pytest.mark.parametrize("L,H,tile,max_pages,B", [(30, 9, 64, 5, 40), (2, 4, 16, 17, 9), (3, 2, 64, 1, 5),
@@ -18,7 +18,7 @@ def test_batch_packing_equals_per_document(L, H, tile, max_pages, B):
     P = max(-(-n // tile) for n in lengths)
     la = (torch.rand(B, L, H, P, P, generator=g) > 0.6) & torch.ones(P, P, dtype=torch.bool).tril()
     ca = torch.rand(B, L, H, P, generator=g) > 0.85
-    docs = _batch_doc_bits(la, ca, lengths, tile)()
+    docs = batch_doc_bits(la, ca, lengths, tile)()
     for b, (d, n) in enumerate(zip(docs, lengths)):
         p = -(-n // tile)
         ref = DocBits(la[b, :, :, :p, :p], ca[b, :, :, :p])
@@ -45,7 +45,7 @@ def test_batch_packing_on_the_gpu_equals_per_document():
     P = -(-max(lengths) // tile)
     la = (torch.rand(5, L, H, P, P, generator=g) > 0.6) & torch.ones(P, P, dtype=torch.bool).tril()
     ca = torch.rand(5, L, H, P, generator=g) > 0.85
-    docs = _batch_doc_bits(la.cuda(), ca.cuda(), lengths, tile)()
+    docs = batch_doc_bits(la.cuda(), ca.cuda(), lengths, tile)()
     for b, (d, n) in enumerate(zip(docs, lengths)):
         p = -(-n // tile)
         ref = DocBits(la[b, :, :, :p, :p], ca[b, :, :, :p])

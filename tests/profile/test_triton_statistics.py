@@ -1,4 +1,4 @@
-"""The Triton statistics path (sift_cli/stats_triton.py) against the reference path and the brute force.
+"""The Triton statistics path (sift_cli/profile/triton_statistics.py) against the reference path and the brute force.
 
 On CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1); `test_kernels_compile_for_hopper` also
 compiles them for sm_90 without a GPU (Triton ships ptxas), so a kernel that only the compiler rejects is caught
@@ -23,12 +23,13 @@ if not GPU and not INTERPRETED:
                 allow_module_level=True)
 DEVICE = "cuda" if GPU else "cpu"
 
-from sift_cli import stats_triton as st  # noqa: E402
+from sift_cli.profile import triton_statistics as st  # noqa: E402
 from sift_cli.config import ProfileConfig  # noqa: E402
 from sift_cli.errors import SiftError  # noqa: E402
-from sift_cli.profile import doc_attention_bits, profile_batch, resolve_stats  # noqa: E402
+from sift_cli.profile.forward import profile_batch, resolve_stats  # noqa: E402
+from sift_cli.profile.statistics import doc_attention_bits  # noqa: E402
 
-from .helpers import brute_force_bits, eager_attentions, tiny_llama  # noqa: E402
+from ..helpers import brute_force_bits, eager_attentions, tiny_llama  # noqa: E402
 
 PREFIX = [1, 17, 29, 5, 88]
 
@@ -137,10 +138,10 @@ def test_profile_corpus_same_shards_with_either_statistics_path(interpret, tmp_p
     """Same bits, same shards: the whole job with --stats triton writes byte-identical shard files."""
     import filecmp
 
-    from sift_cli.job import profile_corpus
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.shards import list_parts
 
-    from .helpers import TRAINING_TEXT
+    from ..helpers import TRAINING_TEXT
 
     if GPU:
         pytest.skip("CPU model")
@@ -177,7 +178,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sift_cli import stats_triton as st
+from sift_cli.profile import triton_statistics as st
 
 k1, k2 = triton.jit(st._thresholds_kernel), triton.jit(st._stats_kernel)
 ptr = {"Q": "*bf16", "K": "*bf16", "TA": "*fp32", "TB": "*fp32", "LENS": "*i32", "LA": "*i8", "CNT": "*i32",
@@ -205,7 +206,7 @@ def test_kernels_compile_for_hopper(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     if r.returncode and "ptxas" in r.stderr and "not found" in r.stderr.lower():

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from sift_cli.config import ProfileConfig
-from sift_cli.profile import doc_attention_bits, plan_batches, profile_batch
+from sift_cli.profile.forward import profile_batch
 
-from .helpers import brute_force_bits, eager_attentions, tiny_llama
+from ..helpers import brute_force_bits, eager_attentions, tiny_llama
 
 PREFIX = [1, 17, 29, 5, 88]
 
@@ -38,15 +38,6 @@ def test_bits_equal_brute_force_lengths(n, tile):
     check_doc(model, random_doc(n, n + tile), ProfileConfig(tile=tile, alpha=0.002, beta=0.02, gamma=0.05))
 
 
-def test_bounded_memory_chunks_give_the_same_bits():
-    """A tiny statistics budget forces one head and one tile-row band at a time: same bits."""
-    torch.manual_seed(0)
-    q, k = torch.randn(6, 300, 16) * 2, torch.randn(2, 300, 16) * 2
-    big = doc_attention_bits(q, k, 20, 280, 0.25, ProfileConfig(tile=16))
-    small = doc_attention_bits(q, k, 20, 280, 0.25, ProfileConfig(tile=16, stats_budget_bytes=1))
-    assert torch.equal(big[0], small[0]) and torch.equal(big[1], small[1])
-
-
 def test_batched_equals_single():
     model = tiny_llama(seed=3)
     docs = [random_doc(n, n) for n in (5, 64, 200, 130)]
@@ -63,12 +54,3 @@ def test_zero_thresholds_select_everything():
     P = got.ca_pages.shape[-1]
     assert got.ca_pages.all()
     assert (got.la_tiles == torch.ones(P, P, dtype=torch.bool).tril()).all()
-
-
-def test_plan_batches_respects_budget_and_is_deterministic():
-    lengths = [10, 500, 30, 30, 2000, 7, 64]
-    batches = plan_batches(lengths, 8, 1024)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for b in batches:
-        assert len(b) == 1 or max(lengths[i] + 8 for i in b) * len(b) <= 1024
-    assert batches == plan_batches(lengths, 8, 1024)

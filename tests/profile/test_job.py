@@ -4,9 +4,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from sift_cli import job as jobmod
+from sift_cli.profile import job as jobmod
 from sift_cli.errors import SiftError
-from sift_cli.job import profile_corpus
+from sift_cli.profile.job import profile_corpus
 from sift_cli.config import ProfileConfig
 from sift_cli.shards import MANIFEST, ShardSet, decode_metadata, list_parts, part_name
 from sift_cli.validate import validate_path

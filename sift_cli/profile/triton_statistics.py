@@ -14,7 +14,7 @@ Two kernels per layer, each one program per (document, head, block of 64 doc row
 
 The second pass needs no exponential at all, so the statistics cost about one extra Q·Kᵀ over the doc×doc lower
 triangle plus one online-softmax pass. The CA rule (count / visible > γ) and the tile/page folding are done with
-the same fp32 torch arithmetic as :func:`sift_cli.profile.doc_attention_bits`, which stays the reference.
+the same fp32 torch arithmetic as :func:`sift_cli.profile.statistics.doc_attention_bits`, which stays the reference.
 
 **Ties.** Scores are fp32 dot products of the model's (bf16 on GPU) q and k, accumulated in a different order
 than the reference's fp32 matmul, and the threshold test is done in the log domain. A bit can therefore differ
@@ -234,7 +234,8 @@ def batch_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, leng
 
     q [B, H, S, D], k [B, H_kv, S, D]: one layer's post-RoPE queries and keys of right-padded `prefix ‖ doc_b`
     rows; lengths: doc tokens of each row. Document b's bits are the [:P_b, :P_b] / [:P_b] corner. Equal to
-    :func:`sift_cli.profile.doc_attention_bits` per document up to the ties described in the module docstring.
+    :func:`sift_cli.profile.statistics.doc_attention_bits` per document up to the ties described in the module
+    docstring.
     thresholds: precomputed (t_α, t_β) (tests); by default the Triton threshold kernel computes them.
     """
     B, H = q.shape[:2]

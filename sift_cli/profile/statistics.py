@@ -1,0 +1,93 @@
+"""The attention statistics of one document, in plain fp32 torch: the reference every faster path must equal
+(SPEC §3).
+
+Probabilities are computed one head group and one band of query rows at a time (`probability_bands`), normalised
+over every key a query sees, prefix included: no n×n matrix for all heads is ever held, so memory stays near
+`stats_budget_bytes` whatever the document length. `doc_attention_bits` turns them into LA tiles and CA pages.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..bits import n_pages
+from ..config import ProfileConfig
+
+
+def probability_bands(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
+                      budget_bytes: int):
+    """Yield (h0, h1, r0, doc_probs, doc_causal) over bands of heads and of the document's query rows.
+
+    doc_probs [h1 - h0, R, r1] fp32: softmax of rows r0 … r0 + R - 1 of the document (normalised over every key
+    they see, prefix included), restricted to the document's keys 0 … r1 - 1; non-causal entries are exactly 0.
+    doc_causal [R, r1]: which entries are causal. Bands start at multiples of `tile`, and about four fp32 copies
+    of a [heads, rows, S] band are alive at once, so memory stays near `budget_bytes` whatever the length.
+    """
+    H = q.shape[0]
+    group = H // k.shape[0]
+    S = prefix_len + n_doc
+    dev = q.device
+    per_head_row = 16 * S
+    heads = max(1, min(H, budget_bytes // (per_head_row * tile)))
+    rows = max(tile, (budget_bytes // (per_head_row * heads)) // tile * tile)
+    key_pos = torch.arange(S, device=dev)
+    for h0 in range(0, H, heads):
+        h1 = min(H, h0 + heads)
+        qh = q[h0:h1, prefix_len:S].float()
+        kh = k[torch.arange(h0, h1, device=dev) // group, :S].float()
+        for r0 in range(0, n_doc, rows):
+            r1 = min(n_doc, r0 + rows)
+            R, K = r1 - r0, prefix_len + r1
+            scores = torch.matmul(qh[:, r0:r1], kh[:, :K].transpose(1, 2)).mul_(scale)
+            causal = key_pos[None, :K] <= (prefix_len + r0 + torch.arange(R, device=dev))[:, None]  # [R, K]
+            scores.masked_fill_(~causal, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            del scores
+            yield h0, h1, r0, probs[:, :, prefix_len:], causal[:, prefix_len:]
+            del probs
+
+
+def band_tile_max(doc_probs: torch.Tensor, doc_causal: torch.Tensor, tile: int, mask: bool = True) -> torch.Tensor:
+    """[h, R, C] band → [h, ceil(R/T), ceil(C/T)] maximum probability of each tile's causal cells (-1 if none).
+
+    mask=False skips hiding the non-causal cells: they are exactly 0, which only a zero threshold can tell apart.
+    """
+    h, R, C = doc_probs.shape
+    if mask:
+        doc_probs = doc_probs.masked_fill(~doc_causal, -1.0)
+    rows_pad, cols_pad = -(-R // tile) * tile, -(-C // tile) * tile
+    if rows_pad != R or cols_pad != C:
+        doc_probs = F.pad(doc_probs, (0, cols_pad - C, 0, rows_pad - R), value=-1.0)
+    return doc_probs.view(h, rows_pad // tile, tile, cols_pad // tile, tile).amax(dim=(2, 4))
+
+
+def doc_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float,
+                       cfg: ProfileConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """LA tiles bool [H, P, P] and CA pages bool [H, P] of one document.
+
+    q [H, S, D], k [H_kv, S, D] are the layer's post-RoPE queries and keys of `prefix ‖ doc` (S may include right
+    padding, which is ignored). Probabilities are normalised over every key a query sees, prefix included.
+    """
+    H = q.shape[0]
+    T = cfg.tile
+    P = n_pages(n_doc, T)
+    dev = q.device
+    la = torch.zeros(H, P, P, dtype=torch.bool, device=dev)
+    counts = torch.zeros(H, n_doc, dtype=torch.int32, device=dev)
+    for h0, h1, r0, doc_probs, doc_causal in probability_bands(q, k, prefix_len, n_doc, scale, T,
+                                                               cfg.stats_budget_bytes):
+        tile_max = band_tile_max(doc_probs, doc_causal, T, mask=cfg.alpha <= 0)
+        la[h0:h1, r0 // T: r0 // T + tile_max.shape[1], : tile_max.shape[2]] = tile_max >= cfg.alpha
+        high = doc_probs >= cfg.beta
+        if cfg.beta <= 0:
+            high &= doc_causal
+        counts[h0:h1, : doc_probs.shape[2]] += high.sum(1, dtype=torch.int32)
+        del doc_probs, high, tile_max  # before the next band is computed
+    la &= torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+    la[:, torch.arange(P), torch.arange(P)] = True  # diagonal tiles are always computed
+
+    visible = (n_doc - torch.arange(n_doc, device=dev)).float()  # queries i >= j that see key j
+    hot = (counts.float() / visible) > cfg.gamma  # [H, n]
+    hot = F.pad(hot, (0, P * T - n_doc), value=False)
+    return la, hot.view(H, P, T).any(-1)
