@@ -68,7 +68,7 @@ def profile_case(lm, name, records, work):
     from sift_cli.corpus import load_documents
     from sift_cli.models import prefix_token_ids
     from sift_cli.config import ProfileConfig
-    from sift_cli.stats import inspect_shards
+    from sift_cli.shards.inspection import inspect_shards
 
     corpus = write_jsonl(records, work / f"{name}.jsonl")
     cfg = ProfileConfig(batch_tokens=65536, stats_budget_bytes=2 << 30)
@@ -93,7 +93,7 @@ def ttft_cases(lm, data, work, repeat, limit=0):
     from sift_cli.prefill import run_prefill
     from sift_cli.config import ProfileConfig
     from sift_cli.prompt import assemble
-    from sift_cli.shards import ShardSet
+    from sift_cli.shards.reader import ShardSet
 
     recs = essays_cut(data, 300 if limit else 1450)[: 2 if limit else 12]
     corpus = write_jsonl(recs, work / "essays.jsonl")
@@ -127,7 +127,7 @@ def attention_breakdown(lm, data, work, limit=0):
     from sift_cli.attention import get_backend
     from sift_cli.prefill import decode_all_layers
     from sift_cli.prompt import assemble
-    from sift_cli.shards import ShardSet
+    from sift_cli.shards.reader import ShardSet
 
     recs = essays_cut(data, 300 if limit else 1450)[: 2 if limit else 4]
     shards = ShardSet(work / "essay-shards")

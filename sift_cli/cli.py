@@ -78,41 +78,32 @@ def profile(
     as_json: bool = JsonOpt,
 ):
     """Profile every document of CORPUS into Parquet bit-vector shards under --out."""
-    from .corpus import CorpusFormat
-    from .config import resolve_profile_config
-    from .profile.job import profile_corpus
-    from .workers import detect_rank, owned_shards, worker_device
+    from .corpus import corpus_format
+    from .launch.local import CHILD_DROPS, command_argv, profile_with_local_workers
+    from .launch.worker import ProfileWorker
 
-    corpus = _resolve_corpus(corpus)
-    if num_shards is not None and num_shards < 1:
-        raise SiftError("--num-shards must be at least 1")
-    fmt = CorpusFormat(id_field, text_field, title_field, template.encode().decode("unicode_escape")
-                       if template else None)
+    fmt = corpus_format(id_field, text_field, title_field, template)
     if gpus:
-        return _profile_local_workers(ctx, corpus, out_dir, fmt, gpus, num_shards, docs_per_shard, device, rank,
-                                      world_size, as_json)
-    worker = detect_rank(rank, world_size)
-    only = None
-    if worker.world_size > 1:
-        if num_shards is None:
-            raise SiftError(f"worker {worker.rank} of {worker.world_size} (from {worker.source}): pass --num-shards "
-                            f"(the same number to every worker)")
-        only = owned_shards(num_shards, worker.rank, worker.world_size)
-    lm = _load(model, worker_device(device, worker.local_rank), dtype, trust_remote_code, online)
-    resolved = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma,
-                                                  "batch_tokens": batch_tokens, "stats": stats},
-                                      read_file=True, config_file=config, lm=lm)
-    if resolved.warning and not as_json:
-        err.print(f"[yellow]warning:[/] {escape(resolved.warning)}")
-    cfg = resolved.profile
+        total = profile_with_local_workers(command_argv(ctx, CHILD_DROPS), gpus, corpus, out_dir, fmt, num_shards,
+                                           docs_per_shard, device, rank, world_size)
+        return _render_local_workers(total, as_json)
+    worker = ProfileWorker.start(corpus, out_dir, model=model, device=device, dtype=dtype,
+                                 trust_remote_code=trust_remote_code, online=online,
+                                 flags={"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma,
+                                        "batch_tokens": batch_tokens, "stats": stats},
+                                 read_config_file=True, config_file=config, fmt=fmt, num_shards=num_shards,
+                                 docs_per_shard=docs_per_shard, strict=strict, prefix_text=prefix_text, rank=rank,
+                                 world_size=world_size)
+    if worker.config.warning and not as_json:
+        err.print(f"[yellow]warning:[/] {escape(worker.config.warning)}")
     with token_progress("profiling", not as_json) as progress:
-        report = profile_corpus(corpus, out_dir, lm, cfg, fmt, num_shards=num_shards, docs_per_shard=docs_per_shard,
-                                strict=strict, prefix_text=prefix_text, progress=progress, only_shards=only)
+        report = worker.run(progress)
+    lm, rank_ = worker.lm, worker.rank
     if as_json:
-        print_json({**report.to_json(), "worker": worker.to_json(), "device": str(lm.device)})
+        print_json({**report.to_json(), "worker": rank_.to_json(), "device": str(lm.device)})
         return
-    if worker.world_size > 1:
-        out.print(f"worker {worker.rank} of {worker.world_size} ({worker.source}): {len(only)} of "
+    if rank_.world_size > 1:
+        out.print(f"worker {rank_.rank} of {rank_.world_size} ({rank_.source}): {len(worker.only_shards)} of "
                   f"{report.num_shards} shards are this worker's")
     out.print(f"[bold]{report.out}[/]: {report.documents} documents in {report.num_shards} shards")
     out.print(f"  profiled {report.profiled} documents ({report.tokens} tokens) in {report.seconds:.1f} s "
@@ -127,57 +118,18 @@ def profile(
         out.print(f"  manifest: {report.manifest}")
 
 
-def _profile_local_workers(ctx, corpus, out_dir, fmt, gpus, num_shards, docs_per_shard, device, rank, world_size,
-                           as_json):
-    """--gpus N: N worker processes of this same command (ranks 0..N-1, one GPU each); wait; sum up."""
-    import time
-
-    from .shards import MANIFEST, write_manifest
-    from .workers import command_argv, launch_local, log_tail, merge_reports, resolve_num_shards
-
-    if gpus < 1:
-        raise SiftError("--gpus must be at least 1")
-    if rank is not None or world_size is not None:
-        raise SiftError("--gpus starts its own workers (ranks 0..N-1); drop --rank/--world-size")
-    n_shards = resolve_num_shards(corpus, fmt, out_dir, num_shards, docs_per_shard)
-    argv = command_argv(ctx, drop={"gpus", "rank", "world_size", "num_shards", "as_json"})
-    t0 = time.perf_counter()
-    results = launch_local(argv, gpus, n_shards, device)
-    seconds = time.perf_counter() - t0
-    total = merge_reports(results)
-    manifest = None
-    if all((out_dir / f"part-{s:05d}.parquet").is_file() for s in range(n_shards)):
-        manifest = str(out_dir / MANIFEST) if (out_dir / MANIFEST).is_file() else str(write_manifest(out_dir))
-    total.update(out=str(out_dir), num_shards=n_shards, seconds=round(seconds, 3),
-                 tokens_per_second=round(total["tokens"] / seconds, 1) if seconds > 0 else 0.0, manifest=manifest,
-                 per_worker=[{"rank": r.rank, "returncode": r.returncode, "seconds": round(r.seconds, 3),
-                              "tokens": (r.report or {}).get("tokens", 0), "log": str(r.log)} for r in results])
-    failed = [r for r in results if r.returncode != 0]
-    if failed:
-        r = failed[0]
-        raise SiftError(f"{len(failed)} of {gpus} workers failed; worker {r.rank} exited {r.returncode}: "
-                        f"{log_tail(r.log, 2) or 'no output'} (log: {r.log}); finished shards are kept: run the "
-                        f"same command again to finish")
+def _render_local_workers(total: dict, as_json: bool) -> None:
     if as_json:
         print_json(total)
         return
-    out.print(f"[bold]{out_dir}[/]: {total['documents']} documents in {n_shards} shards, {gpus} workers")
-    out.print(f"  profiled {total['profiled']} documents ({total['tokens']} tokens) in {seconds:.1f} s "
+    out.print(f"[bold]{total['out']}[/]: {total['documents']} documents in {total['num_shards']} shards, "
+              f"{total['workers']} workers")
+    out.print(f"  profiled {total['profiled']} documents ({total['tokens']} tokens) in {total['seconds']:.1f} s "
               f"= {total['tokens_per_second']:,.0f} tokens/s")
     if total["reused"]:
         out.print(f"  reused {total['reused']} documents from {total['shards_reused']} finished shards")
-    if manifest:
-        out.print(f"  manifest: {manifest}")
-
-
-def _resolve_corpus(corpus: str) -> str:
-    from .models import cache_dir
-    from .sample import SAMPLE_CORPUS, write_sample_corpus
-
-    if corpus == SAMPLE_CORPUS:
-        return str(write_sample_corpus(cache_dir() / "sample-corpus" / f"py{sys.version_info[0]}"
-                                                                     f"{sys.version_info[1]}"))
-    return corpus
+    if total["manifest"]:
+        out.print(f"  manifest: {total['manifest']}")
 
 
 # ---- inspect / validate / status -------------------------------------------------------------------------------
@@ -191,7 +143,7 @@ def inspect(
     as_json: bool = JsonOpt,
 ):
     """Sparsity statistics of shards (overall and per layer) and metadata size against the KV cache."""
-    from .stats import draw_tile_map, inspect_shards, tile_map
+    from .shards.inspection import draw_tile_map, inspect_shards, tile_map
 
     if doc is not None:
         tm = tile_map(path, doc, layer, head)
@@ -229,7 +181,7 @@ def validate(
     as_json: bool = JsonOpt,
 ):
     """Check shards: schema, bit-vector lengths, token hashes, duplicates, metadata, manifest. Exit 1 on problems."""
-    from .validate import validate_path
+    from .shards.validate import validate_path
 
     result = validate_path(path)
     if as_json:
@@ -252,26 +204,10 @@ def status(
 ):
     """Which shards of a directory are done, in progress (held by a live worker) and missing; --finalize writes
     the manifest (and removes leftover lock and temporary files)."""
-    from .shards import MANIFEST, ShardFile, list_parts, part_name, write_manifest
-    from .workers import busy_buckets, clean_leftovers
+    from .shards.status import shard_status
 
-    parts = list_parts(path) if path.is_dir() else []
-    if not parts:
-        raise SiftError(f"{path}: no shard files yet")
-    first = ShardFile.open(parts[0])
-    n = int(first.meta.get("sift.num_shards", 0))
-    names = {p.name for p in parts}
-    missing = [i for i in range(n) if part_name(i) not in names]
-    running = [i for i in busy_buckets(path) if i in set(missing)]
-    manifest = None
-    if finalize:
-        if missing:
-            raise SiftError(f"{path}: {len(missing)} of {n} shards are not done (first: {part_name(missing[0])}"
-                            f"{f'; {len(running)} in progress' if running else ''}); finish them before --finalize")
-        manifest = str(write_manifest(path))
-        clean_leftovers(path)
-    result = {"path": str(path), "num_shards": n, "done": n - len(missing), "missing": missing, "running": running,
-              "manifest": manifest or (str(path / MANIFEST) if (path / MANIFEST).is_file() else None)}
+    result = shard_status(path, finalize)
+    n, missing, running = result["num_shards"], result["missing"], result["running"]
     if as_json:
         print_json(result)
     else:
@@ -313,7 +249,7 @@ def _run_prefill(shards_dir, doc_ids, question, model, backend, device, dtype, m
                  block_n, trust_remote_code=False, online=False, as_json=False):
     from .prefill import run_prefill
     from .prompt import assemble
-    from .shards import ShardSet
+    from .shards.reader import ShardSet
 
     if block_n not in (64, 128) or block_m not in (64, 128, 192, 256):
         raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256")

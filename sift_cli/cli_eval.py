@@ -187,7 +187,7 @@ def recall(
     """Recall of the truly high attention cells of composed prompts by the stored LA tiles and CA pages."""
     from .eval.common import compose, ensure_shards, read_prompt_file
     from .eval.recall import run_recall
-    from .shards import ShardSet
+    from .shards.reader import ShardSet
 
     if (shards is None) == (data is None):
         raise SiftError("give either --shards DIR --prompts FILE, or --data nq|essays")
@@ -562,7 +562,7 @@ def calibrate(
     as_json: bool = JsonOpt,
 ):
     """Pick the sparsest (T, α, β, γ) that meets your fidelity target on prompts from your corpus; write sift.toml."""
-    from .corpus import CorpusFormat
+    from .corpus import corpus_format
     from .eval.calibrate import Target, calibrate as run_calibrate
     from .eval.common import corpus_prompt_set
     from .config_file import write_config
@@ -578,8 +578,7 @@ def calibrate(
         qs = [ln.strip() for ln in queries.read_text(encoding="utf-8").splitlines() if ln.strip()]
         if not qs:
             raise SiftError(f"--queries {queries}: no questions")
-    fmt = CorpusFormat(id_field, text_field, title_field, template.encode().decode("unicode_escape")
-                       if template else None)
+    fmt = corpus_format(id_field, text_field, title_field, template)
     lm = _load(model, device, dtype, threads)
     pset = corpus_prompt_set(corpus, fmt, n_prompts, docs_per_prompt, qs, seed)
     with _progress("calibrating", not as_json) as prog:

@@ -35,6 +35,13 @@ class CorpusFormat:
     template: str | None = None  # None: DEFAULT_TEMPLATE, or its title-less form when there is no title
 
 
+def corpus_format(id_field: str = "id", text_field: str = "text", title_field: str = "title",
+                  template: str | None = None) -> CorpusFormat:
+    """A CorpusFormat from command-line values: backslash escapes in the template (\\n, \\t) are interpreted."""
+    return CorpusFormat(id_field, text_field, title_field,
+                        template.encode().decode("unicode_escape") if template else None)
+
+
 def render(fmt: CorpusFormat, doc_id: str, text: str, title: str | None) -> str:
     if fmt.template is None:
         template = DEFAULT_TEMPLATE if title else DEFAULT_TEMPLATE_NO_TITLE

@@ -10,7 +10,7 @@ from pathlib import Path
 from .errors import SiftError
 from .layout import PromptBits, PromptLayout
 from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenizer_info
-from .shards import ShardSet
+from .shards.reader import ShardSet
 
 
 @dataclass

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from pathlib import Path
+
+from .models import cache_dir
 
 SAMPLE_CORPUS = "builtin:stdlib-docs"
 MODULES = ("json", "csv", "argparse", "collections", "itertools", "re", "subprocess", "logging", "heapq",
@@ -53,3 +56,12 @@ def write_sample_corpus(directory: str | Path, max_chars: int = 4000) -> Path:
     for doc_id, text in sample_documents(max_chars):
         (out / f"{doc_id}.txt").write_text(text + "\n", encoding="utf-8")
     return out
+
+
+def resolve_corpus(corpus: str) -> str:
+    """A corpus argument as a path: the built-in sample corpus is written (once per Python version) under the sift
+    cache; anything else is returned as it is."""
+    if corpus == SAMPLE_CORPUS:
+        return str(write_sample_corpus(cache_dir() / "sample-corpus" / f"py{sys.version_info[0]}"
+                                                                     f"{sys.version_info[1]}"))
+    return corpus

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sift_cli.attention.reference import block_sparse_attention
-from sift_cli.block_lists import decode_layer, dense_block_lists, block_lists_from_mask
+from sift_cli.block_lists import block_lists_from_mask, decode_layer, dense_block_lists
 
 from .test_block_lists import random_prompt
 
@@ -70,7 +70,7 @@ def test_backends_on_masks_from_real_profiles(tmp_path, tiny_lm, small_corpus, b
     from sift_cli.profile.job import profile_corpus
     from sift_cli.config import ProfileConfig
     from sift_cli.prompt import assemble
-    from sift_cli.shards import ShardSet
+    from sift_cli.shards.reader import ShardSet
 
     if backend == "cuda":
         from sift_cli.attention.cuda import CudaBackend

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sift_cli.cli import main
-from sift_cli.shards import part_name
+from sift_cli.shards.format import part_name
 
 
 def run(capsys, *args):
@@ -127,7 +127,7 @@ def test_profile_reads_thresholds_from_sift_toml(tmp_path, tiny_ckpt, small_corp
     """`sift calibrate` writes sift.toml; `sift profile` takes its thresholds unless flags say otherwise."""
     import pyarrow.parquet as pq
 
-    from sift_cli.shards import decode_metadata
+    from sift_cli.shards.format import decode_metadata
 
     (tmp_path / "sift.toml").write_text("[profile]\ntile = 32\nalpha = 0.003\nbeta = 0.02\ngamma = 0.2\n")
     monkeypatch.chdir(tmp_path)

@@ -5,16 +5,15 @@ import json
 import pytest
 import torch
 
-from sift_cli.attention.base import BlockLists
 from sift_cli.attention.reference import block_sparse_attention
 from sift_cli.block_lists import dense_block_lists
+from sift_cli.config import ProfileConfig
 from sift_cli.errors import SiftError
-from sift_cli.profile.job import profile_corpus
 from sift_cli.models import load_model
 from sift_cli.prefill import dense_prefill, run_prefill, sparse_prefill
-from sift_cli.config import ProfileConfig
+from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
-from sift_cli.shards import ShardSet
+from sift_cli.shards.reader import ShardSet
 
 from .test_cli import assert_one_line_error, run
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from sift_cli.models import load_model, prefix_token_ids
 from sift_cli.config import ProfileConfig
+from sift_cli.models import load_model, prefix_token_ids
 from sift_cli.profile.forward import profile_batch
 from sift_cli.sample import sample_documents
 
@@ -58,7 +58,7 @@ def test_nq_five_documents_same_first_token(smol, tmp_path):
     from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import run_prefill
     from sift_cli.prompt import assemble
-    from sift_cli.shards import ShardSet
+    from sift_cli.shards.reader import ShardSet
 
     records = _nq_or_skip()
     item = nq_items(records, n_docs=5, n_items=1, seed=3)[0]
@@ -82,7 +82,7 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
     from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import dense_prefill, sparse_prefill
     from sift_cli.prompt import assemble
-    from sift_cli.shards import ShardSet
+    from sift_cli.shards.reader import ShardSet
 
     docs = [{"id": name, "title": "", "text": text[:700]} for name, text in sample_documents()[:3]]
     corpus = write_jsonl(docs, tmp_path / "c.jsonl")

@@ -103,7 +103,7 @@ def _shard_digest(out: Path) -> dict[str, str]:
     """doc_id → hash of its (la_bits, ca_bits), over every shard of a directory."""
     import pyarrow.parquet as pq
 
-    from ..shards import list_parts
+    from ..shards.files import list_parts
 
     digests = {}
     for p in list_parts(out):

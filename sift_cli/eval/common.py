@@ -15,12 +15,12 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import ProfileConfig
 from ..corpus import CorpusFormat, Document, load_documents, render
 from ..errors import SiftError
 from ..models import DEFAULT_INSTRUCTION, LoadedModel, cache_dir
-from ..config import ProfileConfig
 from ..prompt import Prompt, prompt_from_shards
-from ..shards import ShardSet
+from ..shards.reader import ShardSet
 
 ESSAY_QUESTIONS = (
     "What is the main argument of the first essay?",

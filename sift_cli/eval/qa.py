@@ -34,7 +34,7 @@ import torch
 
 from ..corpus import Document, render, CorpusFormat
 from ..errors import SiftError
-from ..prefill import compare_logits, decode_all_layers, dense_prefill, greedy_generate, sparse_prefill
+from ..prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
 from .common import PromptSet, PromptSpec, compose
 
 MODES = ("full", "sift", "sink+window", "kv-reuse", "cacheblend")

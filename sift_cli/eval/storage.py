@@ -89,7 +89,7 @@ def prompt_table(models: dict | None = None, prompt_tokens=(15360, 32768, 65536)
 
 def shard_table(path: str | Path) -> dict:
     """The corpus on disk: metadata bytes (bit vectors only, and whole shard files) against its KV cache."""
-    from ..stats import inspect_shards
+    from ..shards.inspection import inspect_shards
 
     s = inspect_shards(path)
     keys = ("path", "documents", "tokens", "tokens_mean", "tokens_max", "tile_size", "n_layers", "n_heads",

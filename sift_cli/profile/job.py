@@ -18,10 +18,10 @@ from .. import __version__
 from ..config import ProfileConfig
 from ..corpus import CorpusFormat, Document, load_documents
 from ..errors import SiftError
+from ..launch.claims import BucketClaims
 from ..models import LoadedModel, prefix_token_ids, tokenize_documents, tokenizer_info
-from ..shards import (FORMAT_VERSION, ShardFile, list_parts, matching_keys, part_name, shard_of, token_sha256,
-                      write_manifest, write_shard)
-from ..workers import BucketClaims
+from ..shards.files import ShardFile, list_parts, write_manifest, write_shard
+from ..shards.format import FORMAT_VERSION, matching_keys, part_name, shard_of, token_sha256
 from .batches import plan_batches
 from .forward import launch_profile_batch
 

@@ -4,12 +4,14 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from sift_cli.profile import job as jobmod
-from sift_cli.errors import SiftError
-from sift_cli.profile.job import profile_corpus
 from sift_cli.config import ProfileConfig
-from sift_cli.shards import MANIFEST, ShardSet, decode_metadata, list_parts, part_name
-from sift_cli.validate import validate_path
+from sift_cli.errors import SiftError
+from sift_cli.profile import job as jobmod
+from sift_cli.profile.job import profile_corpus
+from sift_cli.shards.files import list_parts
+from sift_cli.shards.format import MANIFEST, decode_metadata, part_name
+from sift_cli.shards.reader import ShardSet
+from sift_cli.shards.validate import validate_path
 
 CFG = ProfileConfig(tile=16, batch_tokens=2048)
 
@@ -71,7 +73,7 @@ def test_resume_after_crash_gives_identical_shards(tmp_path, tiny_lm, small_corp
 
 
 def test_interrupted_write_leaves_no_readable_file(tmp_path, tiny_lm, small_corpus, monkeypatch):
-    import sift_cli.shards as shards
+    import sift_cli.shards.files as shards
 
     def broken(table, where, **kw):
         with open(where, "wb") as f:

@@ -23,9 +23,9 @@ if not GPU and not INTERPRETED:
                 allow_module_level=True)
 DEVICE = "cuda" if GPU else "cpu"
 
-from sift_cli.profile import triton_statistics as st  # noqa: E402
 from sift_cli.config import ProfileConfig  # noqa: E402
 from sift_cli.errors import SiftError  # noqa: E402
+from sift_cli.profile import triton_statistics as st  # noqa: E402
 from sift_cli.profile.forward import profile_batch, resolve_stats  # noqa: E402
 from sift_cli.profile.statistics import doc_attention_bits  # noqa: E402
 
@@ -139,7 +139,7 @@ def test_profile_corpus_same_shards_with_either_statistics_path(interpret, tmp_p
     import filecmp
 
     from sift_cli.profile.job import profile_corpus
-    from sift_cli.shards import list_parts
+    from sift_cli.shards.files import list_parts
 
     from ..helpers import TRAINING_TEXT
 

@@ -6,14 +6,14 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from sift_cli.profile.job import profile_corpus  # noqa: E402
 from sift_cli.config import ProfileConfig  # noqa: E402
-from sift_cli.shards import list_parts  # noqa: E402
+from sift_cli.profile.job import profile_corpus  # noqa: E402
+from sift_cli.shards.files import list_parts  # noqa: E402
 
 
 @pytest.mark.slow
 def test_ray_workers_give_the_same_shards_as_one_process(tmp_path, tiny_lm, tiny_ckpt, small_corpus):
-    from sift_cli.ray_launch import profile_with_ray
+    from sift_cli.launch.ray_tasks import profile_with_ray
 
     clean, out = tmp_path / "clean", tmp_path / "ray"
     profile_corpus(small_corpus, clean, tiny_lm, ProfileConfig(tile=16, batch_tokens=2048), num_shards=4)

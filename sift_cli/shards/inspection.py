@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bits import ca_nbytes, la_nbytes, n_pages, n_tiles, unpack_ca, unpack_la
-from .errors import SiftError
-from .shards import ShardFile, shard_paths, shared_metadata
+from ..bits import ca_nbytes, la_nbytes, n_pages, n_tiles, unpack_ca, unpack_la
+from ..errors import SiftError
+from .files import ShardFile, shard_paths, shared_metadata
 
 
 def _popcounts(blob: bytes, vectors: int, nbytes: int) -> np.ndarray:

@@ -1,8 +1,9 @@
 """Optional Ray launcher for `sift profile`: one Ray task per worker (one GPU each), each running the same worker
-function as `sift profile --rank R --world-size W` (`run_worker` below: load the model, profile the buckets
-`s % W == R` through `job.profile_corpus`, with the same per-bucket claims). Requires `pip install 'sift-cli[ray]'`.
+function as `sift profile --rank R --world-size W` (`worker.ProfileWorker`: load the model, profile the buckets
+`s % W == R` through `profile.job.profile_corpus`, with the same per-bucket claims). Requires
+`pip install 'sift-cli[ray]'`.
 
-    from sift_cli.ray_launch import profile_with_ray
+    from sift_cli.launch.ray_tasks import profile_with_ray
     summary = profile_with_ray("corpus.jsonl", "/shared/shards", num_workers=16, num_shards=512,
                                model="/shared/models/Meta-Llama-3-8B-Instruct", address="auto")
 
@@ -15,28 +16,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import SiftError
+from ..corpus import CorpusFormat
+from ..errors import SiftError
+from ..shards.files import write_manifest
+from ..shards.format import part_name
+from .worker import ProfileWorker
 
 
 def run_worker(corpus: str, out: str, rank: int, world_size: int, num_shards: int, model: str | None = None,
                device: str | None = "auto", dtype: str | None = "auto", config: dict | None = None,
                corpus_format: dict | None = None, prefix_text: str | None = None, strict: bool = False) -> dict:
-    """One worker: the buckets of `rank` of `world_size`, written to `out`; returns the job report as a dict.
+    """One Ray task: the buckets of `rank` of `world_size`, written to `out`; returns the job report as a dict.
 
-    config: ProfileConfig fields (tile, alpha, beta, gamma, batch_tokens, stats, ...); corpus_format: CorpusFormat
-    fields. Shared by every launcher that runs workers in-process (Ray here)."""
-    from .config import resolve_profile_config
-    from .corpus import CorpusFormat
-    from .profile.job import profile_corpus
-    from .models import load_model
-    from .workers import owned_shards
-
-    lm = load_model(model, device=device, dtype=dtype)
-    cfg = resolve_profile_config(lm.device, config).profile
-    report = profile_corpus(corpus, out, lm, cfg, CorpusFormat(**(corpus_format or {})), num_shards=num_shards,
-                            strict=strict, prefix_text=prefix_text,
-                            only_shards=owned_shards(num_shards, rank, world_size))
-    return {**report.to_json(), "rank": rank, "world_size": world_size, "device": str(lm.device),
+    config: ProfileConfig fields (tile, alpha, beta, gamma, batch_tokens, stats, ...) over the device defaults
+    (sift.toml is not read); corpus_format: CorpusFormat fields."""
+    worker = ProfileWorker.start(corpus, out, model=model, device=device, dtype=dtype, flags=config,
+                                 fmt=CorpusFormat(**(corpus_format or {})), num_shards=num_shards, strict=strict,
+                                 prefix_text=prefix_text, rank=rank, world_size=world_size)
+    report = worker.run()
+    return {**report.to_json(), "rank": rank, "world_size": world_size, "device": str(worker.lm.device),
             "host": os.uname().nodename}
 
 
@@ -52,8 +50,6 @@ def profile_with_ray(corpus: str | Path, out: str | Path, num_workers: int, num_
         import ray
     except ImportError as exc:
         raise SiftError("the Ray launcher needs ray: pip install 'sift-cli[ray]'") from exc
-    from .shards import part_name, write_manifest
-
     if num_workers < 1 or num_shards < 1:
         raise SiftError("num_workers and num_shards must be at least 1")
     corpus, out = str(Path(corpus).resolve()), str(Path(out).resolve())

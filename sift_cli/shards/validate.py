@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from .bits import ca_nbytes, la_nbytes, n_pages, n_tiles
-from .errors import SiftError
-from .shards import (FORMAT_VERSION, MANIFEST, ShardFile, arrow_schema, decode_metadata, list_parts, matching_keys,
-                     part_name, required_keys, token_sha256)
+from ..bits import ca_nbytes, la_nbytes, n_pages, n_tiles
+from ..errors import SiftError
+from .files import ShardFile, list_parts
+from .format import (FORMAT_VERSION, MANIFEST, arrow_schema, decode_metadata, matching_keys, part_name, required_keys,
+                     token_sha256)
 
 
 def _la_problems(blob: bytes, vectors: int, pages: int) -> str | None:
