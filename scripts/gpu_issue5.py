@@ -107,9 +107,9 @@ def explain(model, prefix, doc, layer, cfg, fast, ref):
 def bits_check(lm, data, n_nq=24, n_essays=4, fast_stats="triton"):
     import tempfile
 
-    from sift_cli.bench.profile import essay_case_records, nq_case_records
+    from sift_cli.lab.bench.profile import essay_case_records, nq_case_records
     from sift_cli.corpus import load_documents
-    from sift_cli.datasets import write_jsonl
+    from sift_cli.lab.datasets import write_jsonl
     from sift_cli.models import tokenize_documents
     from sift_cli.models import prefix_token_ids
     from sift_cli.config import ProfileConfig
@@ -227,9 +227,9 @@ def where_time_goes(lm, data, n_docs: int, work: Path, top: int = 30, stats: str
     import pstats
     import shutil
 
-    from sift_cli.bench.profile import nq_case_records
+    from sift_cli.lab.bench.profile import nq_case_records
     from sift_cli.corpus import CorpusFormat
-    from sift_cli.datasets import write_jsonl
+    from sift_cli.lab.datasets import write_jsonl
     from sift_cli.profile.job import profile_corpus
     from sift_cli.config import ProfileConfig
 
@@ -283,7 +283,7 @@ def main():
     if args.smoke:
         args.quick = True
     os.environ.setdefault("SIFT_CACHE_DIR", "/tmp/sift-cache")
-    from sift_cli.bench import profile as bp
+    from sift_cli.lab.bench import profile as bp
     from sift_cli.models import load_model
 
     result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -45,7 +45,7 @@ def main() -> int:
 
     import torch
 
-    from sift_cli.bench import prefill as bp
+    from sift_cli.lab.bench import prefill as bp
 
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)

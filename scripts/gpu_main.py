@@ -20,14 +20,14 @@ import torch
 
 
 def essays_cut(data, words):
-    from sift_cli.datasets import essay_records, long_essays
+    from sift_cli.lab.datasets import essay_records, long_essays
 
     return long_essays(essay_records(data, words), words)
 
 
 def joined_docs(data, n_docs, words):
     """Long documents made of consecutive whole essays, cut at `words` words."""
-    from sift_cli.datasets import essay_records
+    from sift_cli.lab.datasets import essay_records
 
     recs = essay_records(data, 100000)
     out, buf, i = [], [], 0
@@ -62,7 +62,7 @@ def dense_throughput(lm, prefix, docs_tokens, repeat=3):
 
 
 def profile_case(lm, name, records, work):
-    from sift_cli.datasets import write_jsonl
+    from sift_cli.lab.datasets import write_jsonl
     from sift_cli.models import tokenize_documents
     from sift_cli.profile.job import profile_corpus
     from sift_cli.corpus import load_documents
@@ -88,7 +88,7 @@ def profile_case(lm, name, records, work):
 
 
 def ttft_cases(lm, data, work, repeat, limit=0):
-    from sift_cli.datasets import write_jsonl
+    from sift_cli.lab.datasets import write_jsonl
     from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import run_prefill
     from sift_cli.config import ProfileConfig

@@ -24,7 +24,7 @@ def main():
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.helpers import tiny_checkpoint
-    from sift_cli.datasets import essay_records, write_jsonl
+    from sift_cli.lab.datasets import essay_records, write_jsonl
 
     work = Path(tempfile.mkdtemp(prefix="sift-two-"))
     if args.small:

@@ -318,7 +318,7 @@ def bench_kernels(
 
     if not torch.cuda.is_available():
         raise SiftError("sift bench kernels needs a CUDA GPU (Hopper for the bundled kernels)")
-    from .bench import kernels as kb
+    from .lab.bench import attention_kernels as kb
 
     rows = kb.run_kernel_bench(quick=quick)
     if as_json:
@@ -339,7 +339,7 @@ def bench_profile(
     as_json: bool = JsonOpt,
 ):
     """Dense prefill vs the whole `sift profile` run (each statistics path) on the same documents."""
-    from .bench import profile as bp
+    from .lab.bench import profile as bp
 
     rows = bp.run_profile_bench(data_dir=data_dir, device=device, quick=quick,
                                 cases=tuple(c.strip() for c in cases.split(",") if c.strip()),

@@ -108,7 +108,7 @@ def _profile_cfg(lm, tile, alpha, beta, gamma):
 
 
 def _dataset(data: str, data_dir, n_docs: int, n_prompts: int, seed: int, docs_per_prompt: int, words: int):
-    from .eval.common import essay_prompt_set, nq_prompt_set
+    from .lab.eval.prompt_sets import essay_prompt_set, nq_prompt_set
 
     if data == "nq":
         return nq_prompt_set(data_dir, n_docs, n_prompts, seed)
@@ -185,8 +185,8 @@ def recall(
     as_json: bool = JsonOpt,
 ):
     """Recall of the truly high attention cells of composed prompts by the stored LA tiles and CA pages."""
-    from .eval.common import compose, ensure_shards, read_prompt_file
-    from .eval.recall import run_recall
+    from .lab.eval.prompt_sets import compose, ensure_shards, read_prompt_file
+    from .lab.eval.recall import run_recall
     from .shards.reader import ShardSet
 
     if (shards is None) == (data is None):
@@ -242,7 +242,7 @@ def render_recall(res: dict) -> None:
 
 def _lazy(name):
     def call(result, path):
-        from .eval import plots
+        from .lab import plots
 
         return getattr(plots, name)(result, path)
 
@@ -262,7 +262,7 @@ def build_qa(
     as_json: bool = JsonOpt,
 ):
     """Write multi-document QA records from nq-open-oracle: gold passage + other questions' gold passages."""
-    from .eval.qa import build_nq_records, write_qa_records
+    from .lab.eval.qa import build_nq_records, write_qa_records
 
     pos = _gold_position(gold_position)
     recs = build_nq_records(data_dir, n_docs, questions, pos, seed)
@@ -316,9 +316,9 @@ def qa(
     as_json: bool = JsonOpt,
 ):
     """Answer multi-document questions with full recompute, SIFT, sink+window, KV reuse and CacheBlend."""
-    from .eval.common import ensure_shards
-    from .eval.backend import eval_backend
-    from .eval.qa import build_nq_records, read_qa_records, records_prompt_set, run_qa, sample_records
+    from .lab.eval.prompt_sets import ensure_shards
+    from .lab.eval.backend import eval_backend
+    from .lab.eval.qa import build_nq_records, read_qa_records, records_prompt_set, run_qa, sample_records
 
     if (records is None) != nq:
         raise SiftError("give a records file, or --nq to build records from nq-open-oracle")
@@ -398,7 +398,7 @@ def render_qa(r: dict) -> None:
 # ---- eval sweep ------------------------------------------------------------------------------------------------
 
 def _points(points, tiles, alphas, betas, gammas):
-    from .eval.sweep import grid, parse_points
+    from .lab.eval.sweep import grid, parse_points
 
     if points:
         return parse_points(points)
@@ -432,9 +432,9 @@ def sweep(
 ):
     """Density, KL, first-token and answer agreement over a grid of (T, α, β, γ)."""
     from .corpus import CorpusFormat
-    from .eval.common import corpus_prompt_set
-    from .eval.backend import eval_backend
-    from .eval.sweep import run_sweep
+    from .lab.eval.prompt_sets import corpus_prompt_set
+    from .lab.eval.backend import eval_backend
+    from .lab.eval.sweep import run_sweep
 
     if (data is None) == (corpus is None):
         raise SiftError("give --data nq|essays or --corpus PATH")
@@ -484,7 +484,7 @@ def storage(
     as_json: bool = JsonOpt,
 ):
     """SIFT metadata bytes against KV-cache bytes: a shard directory and published model configs."""
-    from .eval.storage import MODELS, storage_report
+    from .lab.eval.storage import MODELS, storage_report
 
     chosen = None
     if models:
@@ -563,10 +563,10 @@ def calibrate(
 ):
     """Pick the sparsest (T, α, β, γ) that meets your fidelity target on prompts from your corpus; write sift.toml."""
     from .corpus import corpus_format
-    from .eval.calibrate import Target, calibrate as run_calibrate
-    from .eval.common import corpus_prompt_set
+    from .lab.eval.calibrate import Target, calibrate as run_calibrate
+    from .lab.eval.prompt_sets import corpus_prompt_set
     from .config_file import write_config
-    from .eval.backend import eval_backend
+    from .lab.eval.backend import eval_backend
 
     target = Target(max_kl, min_agreement, min_recall)
     target.check()
@@ -652,7 +652,7 @@ def bench_prefill(
     as_json: bool = JsonOpt,
 ):
     """TTFT of full recompute (cuDNN), SIFT and CacheBlend at 8K–64K, split, with energy (needs a GPU)."""
-    from .bench.prefill import require_gpu, run_bench, summarize_rows
+    from .lab.bench.prefill import require_gpu, run_bench, summarize_rows
 
     require_gpu(cpu_smoke)
     lens = _lengths(lengths)

@@ -143,9 +143,9 @@ def test_eval_sweep_and_calibrate(capsys, tmp_path, tiny_ckpt, small_corpus, mon
 
 def test_calibrate_without_a_candidate_writes_nothing(tiny_lm, small_corpus):
     from sift_cli.corpus import CorpusFormat
-    from sift_cli.eval.calibrate import Target, calibrate as run_calibrate
-    from sift_cli.eval.common import corpus_prompt_set
-    from sift_cli.eval.sweep import parse_points
+    from sift_cli.lab.eval.calibrate import Target, calibrate as run_calibrate
+    from sift_cli.lab.eval.prompt_sets import corpus_prompt_set
+    from sift_cli.lab.eval.sweep import parse_points
 
     pset = corpus_prompt_set(small_corpus, CorpusFormat(), 1, 2)
     res = run_calibrate(tiny_lm, pset, parse_points("32,0.03,0.03,0.5"), Target(max_kl=0.0, min_recall=1.0),
@@ -169,7 +169,7 @@ def test_eval_recall_from_shards_and_prompts(capsys, tmp_path, tiny_ckpt, tiny_l
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
-    from sift_cli.eval import plots
+    from sift_cli.lab import plots
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(SiftError, match="matplotlib"):

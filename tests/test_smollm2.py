@@ -43,7 +43,7 @@ def test_model_facts(smol):
 
 
 def _nq_or_skip():
-    from sift_cli.datasets import data_dir, nq_records
+    from sift_cli.lab.datasets import data_dir, nq_records
     from sift_cli.errors import SiftError
 
     try:
@@ -54,7 +54,7 @@ def _nq_or_skip():
 
 def test_nq_five_documents_same_first_token(smol, tmp_path):
     """A 5-passage NQ prompt: SIFT at the default thresholds gives the same first token as full recompute."""
-    from sift_cli.datasets import nq_items, nq_passages, write_jsonl
+    from sift_cli.lab.datasets import nq_items, nq_passages, write_jsonl
     from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import run_prefill
     from sift_cli.prompt import assemble
@@ -78,7 +78,7 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
     import torch
 
     from sift_cli.attention.reference import ReferenceBackend
-    from sift_cli.datasets import write_jsonl
+    from sift_cli.lab.datasets import write_jsonl
     from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import dense_prefill, sparse_prefill
     from sift_cli.prompt import assemble

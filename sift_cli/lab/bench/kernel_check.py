@@ -1,0 +1,240 @@
+"""One-call device check for the bundled kernels: compile, correctness sweep, timings of variants.
+
+    python -m sift_cli.lab.bench.kernel_check --out $OUT [--bench quick|full|none]
+
+Writes check.json (every case with its errors), bench.json / bench.md (timings) and a log under --out, and
+prints a short summary last. The cases (`sift_cli.cuda.checks`) are the ones the GPU tests assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+from ...block_lists import decode_layer
+from ...cuda.checks import attention_case, decode_case, make_block_lists, random_block_lists, random_case_bits
+
+_LOG = []
+
+
+def log(*a):
+    msg = " ".join(str(x) for x in a)
+    _LOG.append(msg)
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sweeps
+# ----------------------------------------------------------------------------------------------------------
+
+LENGTHS = (1, 127, 128, 129, 1000, 8192 + 17)
+GQA = ((1, 2), (3, 1), (4, 2))  # (ratio, H_kv)
+
+
+def attention_sweep(quick: bool = False, **variant) -> list[dict]:
+    results = []
+    i = 0
+    for D in (64, 128):
+        for bn in (64, 128):
+            for L in LENGTHS:
+                for kind in ("dense", "sparse"):
+                    ratio, hkv = GQA[i % len(GQA)]
+                    i += 1
+                    if L > 4096:
+                        ratio, hkv = (4, 1) if kind == "dense" else (3, 1)
+                    H = ratio * hkv
+                    lay = make_block_lists(kind, H, L, bn, seed=i)
+                    r = attention_case(H, hkv, L, D, lay, seed=1000 + i, **variant)
+                    r["mask"] = kind
+                    results.append(r)
+                    log(_fmt(r))
+    # larger logits (std 3 inputs) and masks from real-ish decoded block lists
+    rng = np.random.default_rng(0)
+    for D in (64, 128):
+        for bn in (64, 128):
+            r = attention_case(4, 2, 777, D, make_block_lists("sparse10", 4, 777, bn, seed=7), seed=5, std=3.0)
+            r["mask"] = "sparse10 std3"
+            results.append(r)
+            log(_fmt(r))
+            bits = random_case_bits(rng, 64, n_layers=1, n_heads=6, doc_lengths=[700, 1300, 90, 2000],
+                                      prefix_len=45, suffix_len=130, la_p=0.25, ca_p=0.1)
+            lay = decode_layer(bits, 0, 128, bn).to("cuda")
+            r = attention_case(6, 2, bits.layout.seq_len, D, lay, seed=11)
+            r["mask"] = "decoded"
+            results.append(r)
+            log(_fmt(r))
+    return results
+
+
+def _fmt(r):
+    keys = ("mask", "D", "block_n", "H", "H_kv", "L", "density", "rel_err", "lse_max_abs_err", "nan_out", "ok")
+    return " ".join(f"{k}={r.get(k)}" if not isinstance(r.get(k), float) else f"{k}={r[k]:.3g}" for k in keys)
+
+
+def decode_sweep() -> list[dict]:
+    results = []
+    rng = np.random.default_rng(1)
+    for tile in (16, 32, 64, 128, 256):
+        for bn in (64, 128):
+            for trial in range(3):
+                bits = random_case_bits(rng, tile)
+                r = decode_case(bits, bn)
+                results.append(r)
+            log(f"decode tile={tile} bn={bn}: {[r['ok'] for r in results[-3:]]}")
+    # short, misaligned docs; one long prompt
+    bits = random_case_bits(rng, 16, doc_lengths=[1, 5, 17, 3, 130, 2], prefix_len=13, suffix_len=1, la_p=0.2,
+                              ca_p=0.5)
+    for bn in (64, 128):
+        results.append(decode_case(bits, bn))
+    bits = random_case_bits(rng, 64, n_layers=2, n_heads=4, doc_lengths=[2048] * 7 + [333], prefix_len=50,
+                              suffix_len=100, la_p=0.27, ca_p=0.06)
+    for bn in (64, 128):
+        results.append(decode_case(bits, bn))
+    log(f"decode special cases: {[r['ok'] for r in results[-4:]]}")
+    return results
+
+
+def variant_timings(log=log) -> list[dict]:
+    """Time kernel variants (pipeline knobs) at L = 16K, dense and 10% blocks: what each stage costs."""
+    from .attention_kernels import block_lists_flops, sift_fn, time_ms
+
+    rows = []
+    L = 16384
+    for H, hkv, D in ((32, 8, 128), (9, 3, 64)):
+        q = torch.randn(H, L, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(hkv, L, D, device="cuda", dtype=torch.bfloat16)
+        for bn in (128, 64):
+            variants = {"default": {}, "persistent": dict(persistent=True), "no pingpong": dict(pingpong=False),
+                        "stages 2": dict(stages=2), "stages 3": dict(stages=3)}
+            if not (D == 128 and bn == 128):
+                variants["stages 4"] = dict(stages=4)
+            if bn == 128:  # stage-removed ablations (wrong results, timing only)
+                variants["ablate softmax"] = dict(extra={"ABLATE_SOFTMAX": 1})
+                variants["ablate PV"] = dict(extra={"ABLATE_PV": 1})
+            for dens in (1.0, 0.1):
+                lay = random_block_lists(H, L, bn, dens, seed=3)
+                flops = block_lists_flops(lay, D)
+                for name, var in variants.items():
+                    try:
+                        ms = time_ms(sift_fn(q, k, v, lay, 1 / math.sqrt(D), **var))
+                        rows.append(dict(H=H, D=D, block_n=bn, density=dens, variant=name, ms=ms,
+                                         tflops=flops / ms / 1e9))
+                        log(f"variant H={H} D={D} bn={bn} dens={dens} {name}: {ms:.3f} ms "
+                            f"{flops / ms / 1e9:.0f} TFLOP/s")
+                    except Exception as exc:
+                        rows.append(dict(H=H, D=D, block_n=bn, variant=name, error=str(exc)[:200]))
+                        log(f"variant {name} failed: {exc}")
+        del q, k, v
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--bench", choices=("none", "quick", "full"), default="quick")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="one small attention case per config, then exit")
+    ap.add_argument("--only", choices=("all", "attention", "decode"), default="all")
+    ap.add_argument("--flex-budget", type=float, default=None, help="stop timing Flex after this many seconds")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    summary = {}
+    try:
+        import cupy
+
+        log("gpu", torch.cuda.get_device_name(), "torch", torch.__version__, "cupy", cupy.__version__)
+    except Exception as exc:
+        log("env problem:", exc)
+    report = {}
+    if args.smoke:
+        ok = True
+        for D in (64, 128):
+            for bn in (64, 128):
+                for L, kind in ((300, "dense"), (1000, "sparse")):
+                    try:
+                        r = attention_case(2, 1, L, D, make_block_lists(kind, 2, L, bn, 0), seed=1)
+                        r["mask"] = kind
+                    except Exception as exc:
+                        r = dict(D=D, block_n=bn, L=L, ok=False, error=f"{type(exc).__name__}: {exc}")
+                    ok &= bool(r["ok"])
+                    log("smoke", _fmt(r) if "error" not in r else r)
+        print("SMOKE", "OK" if ok else "FAIL", flush=True)
+        return 0 if ok else 1
+    try:
+        if not args.skip_check:
+            t = time.time()
+            att = attention_sweep() if args.only in ("all", "attention") else []
+            if att:
+                att_np = attention_sweep(persistent=True)
+                log(f"persistent grid: {sum(r['ok'] for r in att_np)}/{len(att_np)} ok")
+                report["attention_persistent"] = att_np
+                summary["persistent_ok"] = f"{sum(r['ok'] for r in att_np)}/{len(att_np)}"
+            report["attention"] = att
+            summary["attention_ok"] = f"{sum(r['ok'] for r in att)}/{len(att)}"
+            summary["attention_max_rel_err"] = max((r["rel_err"] for r in att), default=None)
+            log(f"attention sweep {time.time() - t:.0f}s: {summary['attention_ok']} ok")
+            if att and not all(r["ok"] for r in att):
+                # diagnostic: the V descriptor with leading/stride byte offsets swapped
+                try:
+                    lay = make_block_lists("dense", 2, 300, 64, 0)
+                    r = attention_case(2, 1, 300, 128, lay, extra={"V_LBO": 1024, "V_SBO": 64 * 128})
+                    log("diag V desc swapped (D=128, bn=64):", _fmt(r))
+                    report["diag_v_swap"] = r
+                except Exception as exc:
+                    log("diag failed", exc)
+            t = time.time()
+            dec = decode_sweep() if args.only in ("all", "decode") else []
+            report["decode"] = dec
+            summary["decode_ok"] = f"{sum(r['ok'] for r in dec)}/{len(dec)}"
+            log(f"decode sweep {time.time() - t:.0f}s: {summary['decode_ok']} ok")
+    except Exception:
+        log("CHECK CRASHED:\n" + traceback.format_exc())
+        summary["check_crashed"] = True
+    with open(os.path.join(args.out, "check.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    if args.variants:
+        try:
+            report["variants"] = variant_timings()
+        except Exception:
+            log("VARIANTS CRASHED:\n" + traceback.format_exc())
+    if args.bench != "none":
+        try:
+            from .attention_kernels import markdown, run_kernel_bench
+
+            def save(rows):
+                with open(os.path.join(args.out, "bench.json"), "w") as f:
+                    json.dump(rows, f, indent=1)
+                with open(os.path.join(args.out, "bench.md"), "w") as f:
+                    f.write(markdown(rows) + "\n")
+                with open(os.path.join(args.out, "log.txt"), "w") as f:
+                    f.write("\n".join(_LOG) + "\n")
+
+            rows = run_kernel_bench(quick=args.bench == "quick", time_budget_s=args.flex_budget, log=log,
+                                    checkpoint=save)
+            save(rows)
+            log(markdown(rows))
+        except Exception:
+            log("BENCH CRASHED:\n" + traceback.format_exc())
+            summary["bench_crashed"] = True
+    with open(os.path.join(args.out, "check.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    summary["seconds"] = round(time.time() - t0)
+    with open(os.path.join(args.out, "log.txt"), "w") as f:
+        f.write("\n".join(_LOG) + "\n")
+    print("SUMMARY", json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""`sift calibrate`: the sparsest thresholds (T, α, β, γ) that meet a fidelity target on the user's own prompts.
+
+Thresholds that suit Llama-3-8B do not suit every model (STUDY.md: on SmolLM2 agreement falls quickly as density
+drops), so the choice is measured: prompts are sampled from the user's corpus, the documents are run once to
+collect threshold-free statistics, every candidate's density is computed from its bits alone (decode, no
+forward), and candidates are then evaluated from the sparsest upwards; the first that meets every target on
+the sample is the sparsest that does, and the search stops there.
+
+Targets (any combination; all must hold): mean KL(full ‖ SIFT) at the last prompt position ≤ `max_kl`;
+first-token agreement ≥ `min_agreement`; recall (the smaller of LA and CA recall) ≥ `min_recall`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from ...errors import SiftError
+from .prompt_sets import PromptSet
+from .sweep import GridPoint, SweepContext
+
+@dataclass(frozen=True)
+class Target:
+    max_kl: float | None = None
+    min_agreement: float | None = None
+    min_recall: float | None = None
+
+    def check(self) -> None:
+        if self.max_kl is None and self.min_agreement is None and self.min_recall is None:
+            raise SiftError("name a target: --max-kl, --min-agreement and/or --min-recall")
+        for name in ("min_agreement", "min_recall"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v <= 1:
+                raise SiftError(f"--{name.replace('_', '-')} {v}: must be between 0 and 1")
+        if self.max_kl is not None and self.max_kl < 0:
+            raise SiftError("--max-kl must be >= 0")
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_kl is not None:
+            parts.append(f"kl <= {self.max_kl:g}")
+        if self.min_agreement is not None:
+            parts.append(f"first-token agreement >= {self.min_agreement:g}")
+        if self.min_recall is not None:
+            parts.append(f"recall >= {self.min_recall:g}")
+        return " and ".join(parts)
+
+    def met(self, row: dict) -> bool:
+        if self.max_kl is not None and row["kl_mean"] > self.max_kl:
+            return False
+        if self.min_agreement is not None and row["first_token_agreement"] < self.min_agreement:
+            return False
+        if self.min_recall is not None and (row.get("recall") is None or row["recall"] < self.min_recall):
+            return False
+        return True
+
+
+def calibrate(lm, pset: PromptSet, points: list[GridPoint], target: Target, backend=None, block_m: int = 128,
+              block_n: int = 64, max_new_tokens: int = 8, progress=None) -> dict:
+    from .backend import eval_backend
+
+    target.check()
+    backend = backend or eval_backend("auto", lm.device)
+    ctx = SweepContext(lm, pset, points, max_new_tokens)
+    candidates = []
+    for p in points:
+        d = ctx.densities(p, block_m, block_n)
+        candidates.append({**p.as_dict(), "density": statistics.fmean(x["cells"] for x in d), "point": p})
+    # sparsest first; among equal densities the more conservative thresholds first
+    candidates.sort(key=lambda c: (round(c["density"], 6), c["alpha"], c["beta"], c["gamma"], -c["tile_size"]))
+    evaluated, chosen = [], None
+    for i, c in enumerate(candidates):
+        row = ctx.evaluate(c["point"], backend, block_m, block_n, recall=target.min_recall is not None)
+        row["meets_target"] = target.met(row)
+        evaluated.append(row)
+        if progress:
+            progress(i + 1, len(candidates))
+        if row["meets_target"]:
+            chosen = row
+            break
+    for c in candidates:
+        c.pop("point")
+    return {"target": target.describe(), "chosen": chosen, "evaluated": evaluated, "candidates": candidates,
+            "prompt_set": pset.describe(), "backend": backend.name, "block": [block_m, block_n],
+            "dense_tokens": [d["seq_len"] for d in ctx.dense]}

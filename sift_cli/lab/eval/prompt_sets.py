@@ -1,0 +1,184 @@
+"""What every measurement needs: sets of prompts (documents + question), profiling them into a work directory,
+and composing `prefix ‖ docs ‖ suffix` prompts from shards or from in-memory bits.
+
+A `PromptSet` holds documents already rendered with their template (the exact text that is tokenised) and the
+prompts built on them. Builders: `nq_prompt_set` (STUDY.md: gold passage among other questions' gold passages),
+`essay_prompt_set` (three essays cut to their first 1,600 words), `corpus_prompt_set` (a sample of the user's own
+corpus, for `sift calibrate`) and `read_prompt_file` (the user's own prompts over a shard set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...config import ProfileConfig
+from ...corpus import CorpusFormat, Document, load_documents, render
+from ...errors import SiftError
+from ...models import DEFAULT_INSTRUCTION, LoadedModel, cache_dir
+from ...prompt import Prompt, prompt_from_shards
+from ...shards.reader import ShardSet
+
+ESSAY_QUESTIONS = (
+    "What is the main argument of the first essay?",
+    "Which of these essays talks about startups, and what does it say about them?",
+    "Summarize the last essay in one sentence.",
+    "What advice does the author give to the reader?",
+    "What do these essays have in common?",
+    "What example does the second essay use to make its point?",
+)
+GENERIC_QUERIES = (
+    "Summarize what these documents say.",
+    "What is the main topic of the first document?",
+    "Which document is the most relevant to the others, and why?",
+    "List the key facts stated in the last document.",
+)
+RAW_TEMPLATE = CorpusFormat(template="{text}")  # documents of a PromptSet are already rendered
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    doc_ids: tuple[str, ...]
+    question: str
+    answers: tuple[str, ...] = ()
+    gold: str | None = None
+
+
+@dataclass
+class PromptSet:
+    name: str
+    docs: dict[str, Document]  # doc_id → rendered document, in corpus order
+    prompts: list[PromptSpec] = field(default_factory=list)
+    source: str = ""
+
+    def used_docs(self) -> list[Document]:
+        seen: dict[str, Document] = {}
+        for p in self.prompts:
+            for d in p.doc_ids:
+                seen.setdefault(d, self.docs[d])
+        return sorted(seen.values(), key=lambda d: d.doc_id)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "source": self.source, "prompts": len(self.prompts),
+                "documents": len(self.used_docs()),
+                "docs_per_prompt": sorted({len(p.doc_ids) for p in self.prompts})}
+
+
+def render_records(records: list[dict], fmt: CorpusFormat = CorpusFormat()) -> dict[str, Document]:
+    """{id, title, text} records → rendered documents (the default template: 'Title: {title}\\n{text}\\n\\n')."""
+    out = {}
+    for r in records:
+        doc_id = str(r["id"])
+        out[doc_id] = Document(doc_id, render(fmt, doc_id, r["text"], r.get("title") or None), f"record {doc_id}")
+    return out
+
+
+def nq_prompt_set(data: str | Path | None, n_docs: int, n_prompts: int, seed: int = 0,
+                  gold_position: int | None = None) -> PromptSet:
+    from ..datasets import data_dir, nq_items, nq_passages, nq_records
+
+    records = nq_records(data_dir(data))
+    items = nq_items(records, n_docs=n_docs, n_items=n_prompts, seed=seed, gold_position=gold_position)
+    docs = render_records(nq_passages(records))
+    prompts = [PromptSpec(tuple(it.doc_ids), it.question, tuple(it.answers), it.gold) for it in items]
+    return PromptSet(f"nq{n_docs}", docs, prompts, source=f"nq-open-oracle, {n_docs} passages, seed {seed}")
+
+
+def essay_prompt_set(data: str | Path | None, n_prompts: int = 3, docs_per_prompt: int = 3, words: int = 1600,
+                     seed: int = 0) -> PromptSet:
+    """Prompts of `docs_per_prompt` essays, each cut to its first `words` words (essays shorter than that are
+    not used), no title line; prompt i uses essays [i*k, (i+1)*k) of a seeded shuffle, with a generic question."""
+    from ..datasets import data_dir, essay_records, long_essays
+
+    records = long_essays(essay_records(data_dir(data), words=words), words)
+    if len(records) < docs_per_prompt:
+        raise SiftError(f"only {len(records)} essays have {words} words; need {docs_per_prompt}")
+    rng = random.Random(seed)
+    order = list(range(len(records)))
+    rng.shuffle(order)
+    n_prompts = min(n_prompts, len(records) // docs_per_prompt)
+    docs = render_records(records)
+    prompts = []
+    for i in range(n_prompts):
+        ids = tuple(records[j]["id"] for j in order[i * docs_per_prompt:(i + 1) * docs_per_prompt])
+        prompts.append(PromptSpec(ids, ESSAY_QUESTIONS[i % len(ESSAY_QUESTIONS)]))
+    return PromptSet(f"essays{docs_per_prompt}x{words}", docs, prompts,
+                     source=f"paul-graham-essays, {docs_per_prompt} × first {words} words, seed {seed}")
+
+
+def corpus_prompt_set(corpus: str | Path, fmt: CorpusFormat, n_prompts: int, docs_per_prompt: int,
+                      queries: list[str] | None = None, seed: int = 0) -> PromptSet:
+    """Random prompts over the user's own corpus: `docs_per_prompt` distinct documents each, a query from
+    `queries` (or generic ones)."""
+    docs = load_documents(corpus, fmt)
+    if len(docs) < docs_per_prompt:
+        raise SiftError(f"{corpus}: {len(docs)} documents, fewer than --docs-per-prompt {docs_per_prompt}")
+    rng = random.Random(seed)
+    queries = list(queries or GENERIC_QUERIES)
+    prompts = []
+    for i in range(n_prompts):
+        picked = rng.sample(range(len(docs)), docs_per_prompt)
+        prompts.append(PromptSpec(tuple(docs[j].doc_id for j in picked), queries[i % len(queries)]))
+    return PromptSet("corpus", {d.doc_id: d for d in docs}, prompts, source=str(corpus))
+
+
+def read_prompt_file(path: str | Path) -> list[PromptSpec]:
+    """JSONL, one prompt per line: {"doc_ids": [...], "question": "...", "answers": [...] (optional)}."""
+    p = Path(path)
+    if not p.is_file():
+        raise SiftError(f"prompts file not found: {path}")
+    out = []
+    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SiftError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+        if not isinstance(rec, dict) or not rec.get("doc_ids") or not rec.get("question"):
+            raise SiftError(f"{path}:{lineno}: expected {{\"doc_ids\": [...], \"question\": \"...\"}}")
+        out.append(PromptSpec(tuple(map(str, rec["doc_ids"])), str(rec["question"]),
+                              tuple(map(str, rec.get("answers") or ()))))
+    if not out:
+        raise SiftError(f"{path}: no prompts")
+    return out
+
+
+# ---- profiling into a work directory -------------------------------------------------------------------------
+
+def model_key(lm: LoadedModel) -> str:
+    return hashlib.sha256(f"{lm.fingerprint}|{lm.config_hash}".encode()).hexdigest()[:10]
+
+
+def default_work_dir(name: str, lm: LoadedModel, cfg: ProfileConfig) -> Path:
+    return cache_dir() / "eval" / f"{name}-{model_key(lm)}-T{cfg.tile}-a{cfg.alpha:g}-b{cfg.beta:g}-g{cfg.gamma:g}"
+
+
+def ensure_shards(pset: PromptSet, lm: LoadedModel, cfg: ProfileConfig, work: str | Path | None = None,
+                  num_shards: int = 8, progress=None) -> ShardSet:
+    """Profile the documents the prompts use (deduplicated) into `work`/shards; resumable, reused when done."""
+    from ..datasets import write_jsonl
+    from ...profile.job import profile_corpus
+
+    work = Path(work) if work else default_work_dir(pset.name, lm, cfg)
+    docs = pset.used_docs()
+    corpus = write_jsonl([{"id": d.doc_id, "text": d.text} for d in docs], work / "corpus.jsonl")
+    out = work / "shards"
+    profile_corpus(corpus, out, lm, cfg, RAW_TEMPLATE, num_shards=num_shards, progress=progress)
+    shards = ShardSet(out)
+    missing = [d.doc_id for d in docs if d.doc_id not in shards]
+    if missing:
+        raise SiftError(f"{len(missing)} documents were not profiled (longer than the model's context?): "
+                        f"{', '.join(missing[:3])}")
+    return shards
+
+
+# ---- composing prompts -----------------------------------------------------------------------------------------
+
+def compose(shards: ShardSet, lm: LoadedModel, spec: PromptSpec, instruction: str = DEFAULT_INSTRUCTION,
+            allow_long: bool = False) -> Prompt:
+    """The online prompt of `spec` from a shard set (`prompt.assemble` without its checks of the inputs)."""
+    return prompt_from_shards(shards, lm, list(spec.doc_ids), spec.question, instruction, allow_long)

@@ -1,0 +1,328 @@
+"""Multi-document QA: SIFT against full recompute, CacheBlend, naive KV reuse and a static sparse pattern.
+
+Records are the lost-in-the-middle / LongBench-derived format, one JSON object per line (or a JSON list):
+`{"question": str, "answers": [str], "ctxs": [{"title": str, "text": str, "isgold"?: bool}]}`. Contexts are
+deduplicated into corpus documents (id = hash of title and text), profiled once, and every question is answered in
+every mode from the same prompt `prefix ‖ ctx_1 ‖ … ‖ ctx_k ‖ suffix`:
+
+- `full`        dense recompute (the model's own SDPA forward);
+- `sift`        block-sparse prefill from the stored bits;
+- `sink+window` static sinks + sliding window, per layer at SIFT's block density (see `static`);
+- `kv-reuse`    per-document KV computed standalone, re-rotated, no recompute; the suffix computed against it;
+- `cacheblend`  the same caches, ~15% highest-deviation tokens recomputed from layer 1 on (see `kvreuse`).
+
+Every mode then generates greedily and densely from its own KV cache. Scoring follows lost-in-the-middle: a
+generation is correct when some gold answer, SQuAD-normalised (lower case, punctuation and articles removed,
+whitespace collapsed), is a substring of the normalised generation. Agreement with `full` is identical generated
+tokens; first-token agreement compares the argmax of the prefill logits; KL is KL(full ‖ mode) at the last prompt
+position. TTFT is the online prefill time (reused KV is taken as already in memory: no storage read on CPU).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+import re
+import statistics
+import string
+import time
+from pathlib import Path
+
+import torch
+
+from ...corpus import Document, render, CorpusFormat
+from ...errors import SiftError
+from ...prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
+from .prompt_sets import PromptSet, PromptSpec, compose
+
+MODES = ("full", "sift", "sink+window", "kv-reuse", "cacheblend")
+
+
+# ---- scoring (lost-in-the-middle's best_subspan_em) ------------------------------------------------------------
+
+def normalize_answer(s: str) -> str:
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def answer_correct(prediction: str, answers) -> bool:
+    pred = normalize_answer(prediction)
+    return any(normalize_answer(a) in pred for a in answers if normalize_answer(a))
+
+
+# ---- records ---------------------------------------------------------------------------------------------------
+
+def read_qa_records(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        raise SiftError(f"QA file not found: {path}")
+    opener = gzip.open if p.name.endswith(".gz") else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SiftError(f"{path}: cannot read ({exc})") from exc
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SiftError(f"{path}: invalid JSON ({exc.msg})") from exc
+        origins = [f"{path}[{i}]" for i in range(len(records))]
+    else:
+        records, origins = [], []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise SiftError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+            origins.append(f"{path}:{lineno}")
+    for rec, origin in zip(records, origins):
+        if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec.get("ctxs"):
+            raise SiftError(f"{origin}: expected {{\"question\", \"answers\", \"ctxs\": [{{\"title\", \"text\"}}]}}")
+        if not isinstance(rec.get("answers"), list) or not rec["answers"]:
+            raise SiftError(f"{origin}: \"answers\" must be a non-empty list of strings")
+        for c in rec["ctxs"]:
+            if not isinstance(c, dict) or not isinstance(c.get("text"), str) or not c["text"].strip():
+                raise SiftError(f"{origin}: every ctx needs a non-empty \"text\"")
+    if not records:
+        raise SiftError(f"{path}: no records")
+    return records
+
+
+def write_qa_records(records: list[dict], path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if p.name.endswith(".gz") else open
+    with opener(p, "wt", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return p
+
+
+def build_nq_records(data: str | Path | None, n_docs: int, n_questions: int, gold_position: int | None = None,
+                     seed: int = 0) -> list[dict]:
+    """Records from nq-open-oracle: the gold passage plus n_docs - 1 other questions' gold passages as
+    distractors (STUDY.md's set-up), gold at `gold_position` (0-based; None: random)."""
+    from ..datasets import data_dir, nq_items, nq_records
+
+    nq = nq_records(data_dir(data))
+    items = nq_items(nq, n_docs=n_docs, n_items=n_questions, seed=seed, gold_position=gold_position)
+    out = []
+    for it in items:
+        ctxs = []
+        for d in it.doc_ids:
+            c = nq[int(d[2:])]["ctxs"][0]
+            ctxs.append({"title": c.get("title", ""), "text": c["text"], "isgold": d == it.gold})
+        out.append({"question": it.question, "answers": list(it.answers), "ctxs": ctxs,
+                    "gold_index": list(it.doc_ids).index(it.gold)})
+    return out
+
+
+def ctx_id(ctx: dict) -> str:
+    h = hashlib.sha256(f"{ctx.get('title') or ''}\n{ctx['text']}".encode("utf-8")).hexdigest()
+    return "c" + h[:16]
+
+
+def _gold_index(rec: dict) -> int | None:
+    if isinstance(rec.get("gold_index"), int):
+        return rec["gold_index"]
+    for i, c in enumerate(rec["ctxs"]):
+        if c.get("isgold"):
+            return i
+    for i, c in enumerate(rec["ctxs"]):
+        if c.get("hasanswer"):
+            return i
+    return None
+
+
+def truncate_ctxs(rec: dict, n_docs: int) -> list[dict]:
+    """The first n_docs contexts, keeping the gold one (at min(its index, n_docs - 1))."""
+    ctxs = rec["ctxs"]
+    if n_docs >= len(ctxs):
+        return list(ctxs)
+    g = _gold_index(rec)
+    if g is None or g < n_docs:
+        return list(ctxs[:n_docs])
+    others = [c for i, c in enumerate(ctxs) if i != g][: n_docs - 1]
+    return others + [ctxs[g]]
+
+
+def records_prompt_set(records: list[dict], name: str = "qa", n_docs: int | None = None,
+                       fmt: CorpusFormat = CorpusFormat()) -> PromptSet:
+    docs: dict[str, Document] = {}
+    prompts = []
+    for rec in records:
+        ctxs = truncate_ctxs(rec, n_docs) if n_docs else rec["ctxs"]
+        ids = []
+        for c in ctxs:
+            i = ctx_id(c)
+            if i not in docs:
+                docs[i] = Document(i, render(fmt, i, c["text"], c.get("title") or None), "ctx")
+            ids.append(i)
+        prompts.append(PromptSpec(tuple(ids), rec["question"], tuple(map(str, rec["answers"]))))
+    return PromptSet(f"{name}{n_docs or ''}", docs, prompts)
+
+
+# ---- answering -------------------------------------------------------------------------------------------------
+
+def _timed_forward_with_block_lists(lm, ids, backend, block_lists):
+    from ...attention.integration import prepare_plan, sparse_attention
+
+    dev = lm.device
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    plan = prepare_plan(backend, block_lists)
+    with torch.inference_mode(), sparse_attention(lm.model, plan):
+        out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return out.logits[0, -1].float(), out.past_key_values, (time.perf_counter() - t0) * 1e3
+
+
+def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: int = 16, block_m: int = 128,
+                block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal") -> dict:
+    """Every mode on one question; returns a plain dict (texts, tokens, metrics per mode)."""
+    from ...block_lists import cell_density
+    from .kvreuse import cacheblend_prefill, inv_freq_of, kv_reuse_prefill, reused_kv, standalone_kv
+    from .static import matched_block_lists
+
+    prompt = compose(shards, lm, spec)
+    ids = torch.tensor([prompt.input_ids], device=lm.device)
+    tok = lm.tokenizer
+    decoder = "cuda" if backend.name == "cuda" else "torch"
+    results: dict[str, dict] = {}
+    logits: dict[str, torch.Tensor] = {}
+    tokens: dict[str, list[int]] = {}
+    extra: dict = {}
+
+    def finish(mode, lg, past, ms, **more):
+        logits[mode] = lg
+        tokens[mode] = greedy_generate(lm, lg, past, max_new_tokens)
+        results[mode] = {"ttft_ms": ms, "text": tok.decode(tokens[mode], skip_special_tokens=True), **more}
+
+    d_logits, d_past, ms = dense_prefill(lm, ids)
+    finish("full", d_logits, d_past, ms)
+    sift_lists = None
+    if "sift" in modes or "sink+window" in modes:
+        s = sparse_prefill(lm, prompt, backend, ids, block_m, block_n, decoder)
+        sift_lists = s.block_lists
+        dens = sum(cell_density(b) for b in s.block_lists) / len(s.block_lists)
+        blk = sum(b.computed_blocks() for b in s.block_lists) / sum(b.causal_blocks() for b in s.block_lists)
+        extra.update(sift_cell_density=dens, sift_block_density=blk)
+        if "sift" in modes:
+            finish("sift", s.logits, s.past, s.ttft_ms, cell_density=dens, block_density=blk)
+        del s
+    if "sink+window" in modes:
+        block_lists, windows = matched_block_lists(prompt.layout, sift_lists)
+        lg, past, ms = _timed_forward_with_block_lists(lm, ids, backend, block_lists)
+        dens = sum(cell_density(b) for b in block_lists) / len(block_lists)
+        finish("sink+window", lg, past, ms, cell_density=dens, windows=windows)
+    if "kv-reuse" in modes or "cacheblend" in modes:
+        records = shards.get(list(spec.doc_ids))
+        t0 = time.perf_counter()
+        prefix_kv, doc_kvs = standalone_kv(lm.model, shards.prefix_token_ids, [r.tokens for r in records])
+        extra["standalone_kv_ms"] = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        keys, values = reused_kv(prefix_kv, doc_kvs, [d.start for d in prompt.layout.docs],
+                                 prompt.layout.prefix_len, inv_freq_of(lm.model))
+        rotate_ms = (time.perf_counter() - t0) * 1e3
+        del prefix_kv, doc_kvs
+        suffix = prompt.input_ids[prompt.layout.docs_end:]
+        if "kv-reuse" in modes:
+            lg, past, ms = kv_reuse_prefill(lm, keys, values, suffix)
+            finish("kv-reuse", lg, past, ms + rotate_ms)
+        if "cacheblend" in modes:
+            lg, past, ms, share = cacheblend_prefill(lm, prompt.input_ids, keys, values, len(suffix), ratio,
+                                                     check_layer, blend_mask)
+            finish("cacheblend", lg, past, ms + rotate_ms, recomputed_share=share)
+    for mode, r in results.items():
+        r["correct"] = answer_correct(r["text"], spec.answers) if spec.answers else None
+        cmp = compare_logits(d_logits, logits[mode])
+        r["first_token_same"] = cmp["first_token_match"]
+        r["kl"] = cmp["kl"]
+        r["same_as_full"] = tokens[mode] == tokens["full"]
+    return {"question": spec.question, "answers": list(spec.answers), "doc_ids": list(spec.doc_ids),
+            "tokens": prompt.layout.seq_len, "n_docs": len(spec.doc_ids), **extra, "modes": results}
+
+
+def item_key(spec: PromptSpec) -> str:
+    return hashlib.sha256(json.dumps([spec.question, list(spec.doc_ids)]).encode()).hexdigest()[:16]
+
+
+def summarize_qa(items: list[dict], modes) -> dict:
+    out = {}
+    for mode in modes:
+        rows = [it["modes"][mode] for it in items if mode in it["modes"]]
+        if not rows:
+            continue
+        scored = [r["correct"] for r in rows if r["correct"] is not None]
+        out[mode] = {
+            "n": len(rows),
+            "accuracy": sum(scored) / len(scored) if scored else None,
+            "agreement_with_full": sum(r["same_as_full"] for r in rows) / len(rows),
+            "first_token_agreement": sum(r["first_token_same"] for r in rows) / len(rows),
+            "kl_mean": statistics.fmean(r["kl"] for r in rows),
+            "kl_median": statistics.median(r["kl"] for r in rows),
+            "ttft_ms_median": statistics.median(r["ttft_ms"] for r in rows),
+        }
+        dens = [r["cell_density"] for r in rows if "cell_density" in r]
+        if dens:
+            out[mode]["cell_density_mean"] = statistics.fmean(dens)
+        if mode == "cacheblend":
+            out[mode]["recomputed_share_mean"] = statistics.fmean(r["recomputed_share"] for r in rows)
+    if "full" in out and "sift" in out and out["full"]["accuracy"] is not None:
+        out["sift"]["accuracy_minus_full"] = out["sift"]["accuracy"] - out["full"]["accuracy"]
+    return out
+
+
+def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_tokens: int = 16, block_m: int = 128,
+           block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal",
+           done: dict | None = None, on_item=None, progress=None) -> dict:
+    """All prompts of `pset`; `done` maps item_key → an earlier result (resumed runs skip those)."""
+    from .backend import eval_backend
+
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SiftError(f"--modes: unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    if "full" not in modes:
+        modes = ("full", *modes)
+    backend = backend or eval_backend("auto", lm.device)
+    if ("kv-reuse" in modes or "cacheblend" in modes):
+        from .kvreuse import is_llama_family
+
+        if not is_llama_family(lm.model):
+            raise SiftError("kv-reuse / cacheblend need a Llama-family model (q/k/v/o projections + RoPE); "
+                            "leave them out with --modes")
+    done = dict(done or {})
+    items = []
+    for i, spec in enumerate(pset.prompts):
+        key = item_key(spec)
+        if key in done and all(m in done[key]["modes"] for m in modes):
+            items.append(done[key])
+        else:
+            r = answer_item(lm, shards, spec, modes, backend, max_new_tokens, block_m, block_n, ratio, check_layer,
+                            blend_mask)
+            r["key"] = key
+            items.append(r)
+            if on_item:
+                on_item(r)
+        if progress:
+            progress(i + 1, len(pset.prompts))
+    return {"summary": summarize_qa(items, modes), "items": items, "modes": list(modes),
+            "backend": backend.name, "block": [block_m, block_n], "cacheblend": {
+                "ratio": ratio, "check_layer": check_layer, "mask": blend_mask,
+                "deviation": "sum over KV heads and head_dim of (V_fresh - V_reused)^2 at the check layer"}}
+
+
+def sample_records(records: list[dict], n: int | None, seed: int = 0) -> list[dict]:
+    if n is None or n >= len(records):
+        return records
+    return random.Random(seed).sample(records, n)
