@@ -170,3 +170,10 @@ def cell_density(blocks: BlockLists) -> float:
     computed = (blocks.dense_mask().to(torch.int64) * cells[None]).sum()
     L = blocks.seq_len
     return float(computed) / (blocks.n_heads * L * (L + 1) / 2)
+
+
+def mean_densities(block_lists: list[BlockLists]) -> tuple[float, float]:
+    """(cell density averaged over layers, computed over causal blocks of all layers) of a prompt's block lists."""
+    cells = sum(cell_density(b) for b in block_lists) / len(block_lists)
+    blocks = sum(b.computed_blocks() for b in block_lists) / sum(b.causal_blocks() for b in block_lists)
+    return cells, blocks

@@ -7,10 +7,12 @@ into two flat uint8 tensors with per-document byte offsets, the form both decode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
+import numpy as np
 import torch
 
-from .bits import ca_nbytes, la_nbytes, n_pages
+from .bits import ca_nbytes, la_nbytes, n_pages, pack_doc
 
 
 @dataclass(frozen=True)
@@ -106,22 +108,19 @@ class PromptBits:
         return int(self.la.numel() + self.ca.numel())
 
 
-def random_prompt_bits(layout: PromptLayout, tile: int, n_layers: int, n_heads: int, la_p: float, ca_p: float,
-                       rng) -> tuple[PromptBits, list]:
+def random_prompt_bits(layout: PromptLayout, tile: int, n_layers: int, n_heads: int,
+                       la_p: float | Callable[[int], float], ca_p: float, rng) -> tuple[PromptBits, list]:
     """Bits drawn at random for every document of `layout` (benchmarks and tests): each LA tile below the diagonal
-    is set with probability la_p (the diagonal always), each CA page with probability ca_p.
+    is set with probability la_p (the diagonal always), each CA page with probability ca_p. la_p may depend on
+    the document's page count: a function of it.
 
     Returns the packed bits and, per document, the drawn (bool [L, H, P, P], bool [L, H, P]) arrays.
     rng: a numpy Generator.
     """
-    import numpy as np
-
-    from .bits import pack_doc
-
     la_blobs, ca_blobs, drawn = [], [], []
     for span in layout.docs:
         p = n_pages(span.n_tokens, tile)
-        la = np.tril(rng.random((n_layers, n_heads, p, p)) < la_p)
+        la = np.tril(rng.random((n_layers, n_heads, p, p)) < (la_p(p) if callable(la_p) else la_p))
         la[:, :, np.arange(p), np.arange(p)] = True
         ca = rng.random((n_layers, n_heads, p)) < ca_p
         a, c = pack_doc(la, ca)

@@ -5,20 +5,26 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from .attention import get_backend
 from .attention.base import BlockLists
+from .attention.cuda import CudaBackend
 from .attention.integration import prepare_plan, sparse_attention
 from .block_lists import cell_density, decode_layer
+from .cuda.decode import CudaDecoder
+from .errors import SiftError
 from .layout import PromptBits
-from .models import LoadedModel
-from .prompt import Prompt
+from .models import LoadedModel, load_model
+from .prompt import Prompt, assemble
+from .shards.reader import ShardSet
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def sync_device(device) -> None:
+    """Wait for the device's queued work (timings that include the GPU's time); a no-op off CUDA."""
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -26,8 +32,6 @@ def decode_all_layers(bits: PromptBits, n_layers: int, block_m: int, block_n: in
                       decoder: str = "torch") -> list[BlockLists]:
     """Every layer's CSR lists, with the PyTorch decoder or the CUDA kernel (bits already on the device)."""
     if decoder == "cuda":
-        from .cuda.decode import CudaDecoder
-
         dec = CudaDecoder(bits, block_m, block_n)
         return [dec.layer(layer) for layer in range(n_layers)]
     return [decode_layer(bits, layer, block_m, block_n) for layer in range(n_layers)]
@@ -37,8 +41,6 @@ def choose_decoder(device: torch.device) -> str:
     """The CUDA decode kernel wherever it can run (any backend reads its lists), else the PyTorch decoder."""
     if device.type != "cuda":
         return "torch"
-    from .attention.cuda import CudaBackend
-
     return "cuda" if CudaBackend.available(device)[0] else "torch"
 
 
@@ -60,7 +62,7 @@ class SparseRun:
 def dense_prefill(lm: LoadedModel, ids: torch.Tensor):
     t0 = time.perf_counter()
     out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    _sync(lm.device)
+    sync_device(lm.device)
     return out.logits[0, -1].float(), out.past_key_values, (time.perf_counter() - t0) * 1e3
 
 
@@ -68,18 +70,18 @@ def dense_prefill(lm: LoadedModel, ids: torch.Tensor):
 def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, block_m: int, block_n: int,
                    decoder: str = "torch") -> SparseRun:
     dev = lm.device
-    _sync(dev)
+    sync_device(dev)
     t0 = time.perf_counter()
     bits = prompt.bits.to(dev)  # every layer's bit vectors go to the device once per prompt
-    _sync(dev)
+    sync_device(dev)
     t1 = time.perf_counter()
     block_lists = decode_all_layers(bits, lm.n_layers, block_m, block_n, decoder)
     plan = prepare_plan(backend, block_lists)
-    _sync(dev)
+    sync_device(dev)
     t2 = time.perf_counter()
     with sparse_attention(lm.model, plan):
         out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    _sync(dev)
+    sync_device(dev)
     t3 = time.perf_counter()
     return SparseRun(out.logits[0, -1].float(), out.past_key_values, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
                      (t3 - t2) * 1e3, block_lists)
@@ -157,3 +159,17 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, backend_name: str = "auto", rep
         "metadata_bytes": prompt.bits.nbytes(),
         **compare_logits(d_logits, s.logits),
     }
+
+
+def prefill_from_shards(shards_dir: str | Path, doc_ids: list[str], query: str, model: str | None = None,
+                        backend: str = "auto", device: str | None = "auto", dtype: str | None = "auto",
+                        max_new_tokens: int = 16, repeat: int = 3, block_m: int = 128, block_n: int = 64,
+                        trust_remote_code: bool = False, online: bool = False) -> dict:
+    """`sift prefill`: the prompt of `doc_ids` and `query` from a shard set, dense and SIFT side by side."""
+    if block_n not in (64, 128) or block_m not in (64, 128, 192, 256):
+        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256")
+    shards = ShardSet(shards_dir)
+    lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
+    prompt = assemble(shards, lm, doc_ids, query)
+    return run_prefill(lm, prompt, backend, repeat=repeat, max_new_tokens=max_new_tokens, block_m=block_m,
+                       block_n=block_n)

@@ -15,7 +15,7 @@ from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
 from sift_cli.shards.reader import ShardSet
 
-from .test_cli import assert_one_line_error, run
+from .cli.test_cli import assert_one_line_error, run
 
 EVERYTHING = ProfileConfig(tile=16, alpha=0.0, beta=0.0, gamma=0.0)
 

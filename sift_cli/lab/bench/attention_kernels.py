@@ -14,11 +14,19 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from rich.console import Group
+from rich.table import Table
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...attention.base import BlockLists
+from ...attention.flex import FlexBackend
 from ...block_lists import causal_cells_per_block
-from ...cuda.attention import BLOCK_M
+from ...cuda.attention import BLOCK_M, sparse_attention_forward
 from ...cuda.checks import random_block_lists
+from ...cuda.decode import CudaDecoder
+from ...errors import SiftError
+from ...layout import PromptLayout, random_prompt_bits
 
 SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-135M
 LENGTHS = (16384, 32768, 65536)
@@ -73,9 +81,6 @@ def time_ms(fn, warmup: int = 3, reps: int = 10, budget_ms: float = 4000.0) -> f
 
 def cudnn_dense_fn(q, k, v, scale):
     """SDPA pinned to cuDNN, dense causal; inputs [H, L, D] → adds the batch dim."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    import torch.nn.functional as F
-
     q4, k4, v4 = q[None], k[None], v[None]
     group = q.shape[0] // k.shape[0]
 
@@ -101,8 +106,6 @@ def cudnn_dense_fn(q, k, v, scale):
 
 def flex_fn(q, k, v, blocks: BlockLists, scale):
     """The `flex` backend of `sift prefill` on these block lists, its BlockMask prepared outside the timed call."""
-    from ...attention.flex import FlexBackend
-
     backend = FlexBackend()
     plan = backend.prepare(blocks)
 
@@ -115,8 +118,6 @@ def flex_fn(q, k, v, blocks: BlockLists, scale):
 
 
 def sift_fn(q, k, v, blocks: BlockLists, scale, **variant):
-    from ...cuda.attention import sparse_attention_forward
-
     out = torch.empty_like(q)
 
     def run():
@@ -134,8 +135,6 @@ def synthetic_prompt_bits(seq_len: int, n_layers: int = 30, n_heads: int = 9, ti
                           seed: int = 0):
     """PromptBits for prefix + docs of doc_len tokens + suffix ≈ seq_len tokens, random bits at paper-like
     densities (LA 27% of tiles, diagonal always set; CA 6% of pages)."""
-    from ...layout import PromptLayout, random_prompt_bits
-
     n_docs = max(1, (seq_len - prefix_len - suffix_len) // doc_len)
     lengths = [doc_len] * n_docs
     lengths[-1] += max(0, seq_len - prefix_len - suffix_len - doc_len * n_docs)
@@ -164,8 +163,6 @@ def graph_time_ms(fn, reps: int = 200) -> float | None:
 
 
 def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) -> list[dict]:
-    from ...cuda.decode import CudaDecoder
-
     rows = []
     for L in lengths:
         bits = synthetic_prompt_bits(L).to("cuda")
@@ -209,9 +206,7 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
                      log=print, checkpoint=None) -> list[dict]:
     """All rows of the issue-4 table. quick: L = 16K only and densities 100% / 10%."""
     if not torch.cuda.is_available():
-        from ...errors import SiftError
-
-        raise SiftError("the kernel benchmark needs a CUDA GPU")
+        raise SiftError("sift bench kernels needs a CUDA GPU (Hopper for the bundled kernels)")
     lengths = lengths or ((16384,) if quick else LENGTHS)
     densities = densities or ((1.0, 0.1) if quick else DENSITIES)
     t0 = time.time()
@@ -273,8 +268,6 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
 
 def render(rows: list[dict]):
     """A rich Table of the rows (attention first, then decode)."""
-    from rich.table import Table
-
     t = Table(title="Attention forward, bf16, batch 1 (TFLOP/s over computed causal pairs)")
     for col in ("H/H_kv/D", "L", "KV block", "density", "impl", "ms", "TFLOP/s", "% cuDNN", "× vs Flex", "note"):
         t.add_column(col, justify="right" if col not in ("impl", "note") else "left")
@@ -291,7 +284,6 @@ def render(rows: list[dict]):
         if r.get("kind") == "decode":
             d.add_row(f"{r['L']}", str(r["block_n"]), _f(r["ms_per_layer"], 4), _f(r.get("ms_amortised"), 4),
                       _f(r.get("target_ms"), 3))
-    from rich.console import Group
 
     return Group(t, d)
 

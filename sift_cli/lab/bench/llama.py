@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from ...models import LoadedModel, config_hash
+
+
 # Llama-3-8B as published (8K context): what `bench profile` profiles 2K- and 8K-token documents with.
 LLAMA3_8B_CONFIG = {
     "hidden_size": 4096,
@@ -67,7 +70,6 @@ def random_llama(config: dict | None = None, device: str = "cuda", dtype=torch.b
     `device` in `dtype`, SDPA attention, and an `IdTokenizer`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ...models import LoadedModel, config_hash
 
     cfg = LlamaConfig(**(config or LLAMA3_8B_CONFIG))
     cfg._attn_implementation = "sdpa"

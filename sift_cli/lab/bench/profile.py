@@ -30,13 +30,19 @@ import time
 import traceback
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
+from rich.table import Table
 
+from ...config import resolve_profile_config
+from ...corpus import CorpusFormat, load_documents
+from ...models import prefix_token_ids, tokenize_documents
+from ...profile.batches import padded_batch, plan_batches
+from ...profile.job import profile_corpus
+from ...shards.files import list_parts
+from ..datasets import data_dir as find_data, essay_records, nq_passages, nq_records, write_jsonl
 from .llama import LLAMA3_8B_CONFIG, LLAMA3_8B_NAME, random_llama
 
-# ----------------------------------------------------------------------------------------------------------
-# Corpora
-# ----------------------------------------------------------------------------------------------------------
 
 def random_id_records(n_docs: int, n_tokens: int, vocab: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
@@ -45,14 +51,10 @@ def random_id_records(n_docs: int, n_tokens: int, vocab: int, seed: int = 0) -> 
 
 
 def nq_case_records(data, n: int) -> list[dict]:
-    from ..datasets import nq_passages, nq_records
-
     return nq_passages(nq_records(data))[:n]
 
 
 def essay_case_records(data, n: int, words: int = 1600) -> list[dict]:
-    from ..datasets import essay_records
-
     return essay_records(data, words)[:n]
 
 
@@ -70,8 +72,6 @@ def dense_prefill_tok_s(lm, prefix_ids: list[int], docs: list[list[int]], batch_
                         repeat: int = 2) -> float:
     """Document tokens per second of the plain model forward on `prefix ‖ doc`, batched as `sift profile`
     batches them (SDPA attention; no statistics)."""
-    from ...profile.batches import padded_batch, plan_batches
-
     base = getattr(lm.model, "model", lm.model)
     batches = []
     for idx in plan_batches([len(d) for d in docs], len(prefix_ids), batch_tokens):
@@ -89,8 +89,6 @@ def dense_prefill_tok_s(lm, prefix_ids: list[int], docs: list[list[int]], batch_
 
 
 def _profile_run(lm, corpus, out: Path, cfg, fmt, prefix_text, docs_per_shard):
-    from ...profile.job import profile_corpus
-
     if out.exists():
         shutil.rmtree(out)
     _sync(lm.device)
@@ -101,10 +99,6 @@ def _profile_run(lm, corpus, out: Path, cfg, fmt, prefix_text, docs_per_shard):
 
 def _shard_digest(out: Path) -> dict[str, str]:
     """doc_id → hash of its (la_bits, ca_bits), over every shard of a directory."""
-    import pyarrow.parquet as pq
-
-    from ...shards.files import list_parts
-
     digests = {}
     for p in list_parts(out):
         t = pq.read_table(p, columns=["doc_id", "la_bits", "ca_bits"]).to_pydict()
@@ -117,12 +111,6 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
                batch_tokens: int = 65536, fmt=None, prefix_text: str | None = None, docs_per_shard: int = 1000,
                repeat: int = 2, log=print) -> dict:
     """One row: dense prefill and the whole profile run with each statistics path, on the same documents."""
-    from ...corpus import CorpusFormat, load_documents
-    from ..datasets import write_jsonl
-    from ...models import tokenize_documents
-    from ...models import prefix_token_ids
-    from ...config import resolve_profile_config
-
     fmt = fmt or CorpusFormat()
     corpus = write_jsonl(records, work / f"{case}.jsonl")
     warm = write_jsonl(records[: max(1, min(4, len(records) // 4))], work / f"{case}-warm.jsonl")
@@ -167,8 +155,6 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
     """All cases; a failing case becomes a row with an 'error'. smol: a LoadedModel of SmolLM2 (default: load
     the bundled one). llama: a LoadedModel from `random_llama` to reuse (default: built here from
     `llama_config`, default Llama-3-8B's). llama_docs: documents per 8B case, e.g. {"8b-2k": 16, "8b-8k": 4}."""
-    from ..datasets import data_dir as find_data
-
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="sift-bench-profile-"))
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -239,8 +225,6 @@ def _fmt_rate(v) -> str:
 
 def render(rows: list[dict]):
     """A rich table: dense prefill and profile throughput side by side."""
-    from rich.table import Table
-
     paths = [p for p in ("triton", "torch") if any(f"profile_{p}_tok_s" in r or f"profile_{p}_error" in r
                                                    for r in rows)]
     table = Table(title="sift profile vs dense prefill (document tokens/s, same documents, one process)",

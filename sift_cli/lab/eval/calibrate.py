@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
+from ...config_file import FILE_NAME, write_config
+from ...corpus import CorpusFormat
 from ...errors import SiftError
-from .prompt_sets import PromptSet
+from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
+from .backend import eval_backend
+from .prompt_sets import PromptSet, corpus_prompt_set
 from .sweep import GridPoint, SweepContext
+
 
 @dataclass(frozen=True)
 class Target:
@@ -57,8 +63,6 @@ class Target:
 
 def calibrate(lm, pset: PromptSet, points: list[GridPoint], target: Target, backend=None, block_m: int = 128,
               block_n: int = 64, max_new_tokens: int = 8, progress=None) -> dict:
-    from .backend import eval_backend
-
     target.check()
     backend = backend or eval_backend("auto", lm.device)
     ctx = SweepContext(lm, pset, points, max_new_tokens)
@@ -83,3 +87,44 @@ def calibrate(lm, pset: PromptSet, points: list[GridPoint], target: Target, back
     return {"target": target.describe(), "chosen": chosen, "evaluated": evaluated, "candidates": candidates,
             "prompt_set": pset.describe(), "backend": backend.name, "block": [block_m, block_n],
             "dense_tokens": [d["seq_len"] for d in ctx.dense]}
+
+
+def read_queries(path: Path | None) -> list[str] | None:
+    """`--queries`: typical user questions, one per line (None: generic ones)."""
+    if path is None:
+        return None
+    if not path.is_file():
+        raise SiftError(f"--queries {path}: file not found")
+    qs = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not qs:
+        raise SiftError(f"--queries {path}: no questions")
+    return qs
+
+
+def calibrate_corpus(model: ModelSpec, corpus: str, points: list[GridPoint], target: Target,
+                     fmt: CorpusFormat = CorpusFormat(), n_prompts: int = 4, docs_per_prompt: int = 5,
+                     queries: Path | None = None, seed: int = 0, backend: str = "auto", block_m: int = 128,
+                     block_n: int = 64, max_new_tokens: int = 8, config_out: Path = Path(FILE_NAME),
+                     dry_run: bool = False, progress_bar: ProgressBar = no_progress) -> dict:
+    """`sift calibrate`: the sparsest point meeting `target` on prompts sampled from `corpus`, written to
+    `config_out` (sift.toml, which `sift profile` reads) unless `dry_run`; res["config"] is the file written."""
+    target.check()
+    qs = read_queries(queries)
+    lm = model.load()
+    pset = corpus_prompt_set(corpus, fmt, n_prompts, docs_per_prompt, qs, seed)
+    with progress_bar("calibrating") as prog:
+        res = calibrate(lm, pset, points, target, eval_backend(backend, lm.device), block_m, block_n, max_new_tokens,
+                        progress=prog)
+    res["run"] = run_metadata(lm)
+    chosen = res["chosen"]
+    if chosen is not None and not dry_run:
+        prof = {"tile": chosen["tile_size"], "alpha": chosen["alpha"], "beta": chosen["beta"],
+                "gamma": chosen["gamma"]}
+        cal = {"model": lm.name, "weights": lm.fingerprint, "config_hash": lm.config_hash, "corpus": str(corpus),
+               "target": res["target"], "prompts": len(pset.prompts), "docs_per_prompt": docs_per_prompt,
+               "density": round(chosen["density"], 4), "kl_mean": chosen["kl_mean"],
+               "first_token_agreement": chosen["first_token_agreement"], "recall": chosen.get("recall"),
+               "block": f"{block_m}x{block_n}", "date": res["run"]["date"]}
+        res["config"] = str(write_config(config_out, prof, cal, "written by `sift calibrate`; read by `sift profile` "
+                                                                 "as its default thresholds (flags still win)"))
+    return res

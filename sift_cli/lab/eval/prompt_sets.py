@@ -19,8 +19,10 @@ from ...config import ProfileConfig
 from ...corpus import CorpusFormat, Document, load_documents, render
 from ...errors import SiftError
 from ...models import DEFAULT_INSTRUCTION, LoadedModel, cache_dir
+from ...profile.job import profile_corpus
 from ...prompt import Prompt, prompt_from_shards
 from ...shards.reader import ShardSet
+from ..datasets import data_dir, essay_records, long_essays, nq_items, nq_passages, nq_records, write_jsonl
 
 ESSAY_QUESTIONS = (
     "What is the main argument of the first essay?",
@@ -78,8 +80,6 @@ def render_records(records: list[dict], fmt: CorpusFormat = CorpusFormat()) -> d
 
 def nq_prompt_set(data: str | Path | None, n_docs: int, n_prompts: int, seed: int = 0,
                   gold_position: int | None = None) -> PromptSet:
-    from ..datasets import data_dir, nq_items, nq_passages, nq_records
-
     records = nq_records(data_dir(data))
     items = nq_items(records, n_docs=n_docs, n_items=n_prompts, seed=seed, gold_position=gold_position)
     docs = render_records(nq_passages(records))
@@ -91,8 +91,6 @@ def essay_prompt_set(data: str | Path | None, n_prompts: int = 3, docs_per_promp
                      seed: int = 0) -> PromptSet:
     """Prompts of `docs_per_prompt` essays, each cut to its first `words` words (essays shorter than that are
     not used), no title line; prompt i uses essays [i*k, (i+1)*k) of a seeded shuffle, with a generic question."""
-    from ..datasets import data_dir, essay_records, long_essays
-
     records = long_essays(essay_records(data_dir(data), words=words), words)
     if len(records) < docs_per_prompt:
         raise SiftError(f"only {len(records)} essays have {words} words; need {docs_per_prompt}")
@@ -107,6 +105,16 @@ def essay_prompt_set(data: str | Path | None, n_prompts: int = 3, docs_per_promp
         prompts.append(PromptSpec(ids, ESSAY_QUESTIONS[i % len(ESSAY_QUESTIONS)]))
     return PromptSet(f"essays{docs_per_prompt}x{words}", docs, prompts,
                      source=f"paul-graham-essays, {docs_per_prompt} × first {words} words, seed {seed}")
+
+
+def builtin_prompt_set(data: str, data_dir, n_docs: int, n_prompts: int, seed: int, docs_per_prompt: int,
+                       words: int) -> PromptSet:
+    """`--data nq|essays`: the NQ prompts (`n_docs` passages each) or the essay prompts."""
+    if data == "nq":
+        return nq_prompt_set(data_dir, n_docs, n_prompts, seed)
+    if data == "essays":
+        return essay_prompt_set(data_dir, n_prompts, docs_per_prompt, words, seed)
+    raise SiftError(f"--data {data}: expected nq or essays")
 
 
 def corpus_prompt_set(corpus: str | Path, fmt: CorpusFormat, n_prompts: int, docs_per_prompt: int,
@@ -160,9 +168,6 @@ def default_work_dir(name: str, lm: LoadedModel, cfg: ProfileConfig) -> Path:
 def ensure_shards(pset: PromptSet, lm: LoadedModel, cfg: ProfileConfig, work: str | Path | None = None,
                   num_shards: int = 8, progress=None) -> ShardSet:
     """Profile the documents the prompts use (deduplicated) into `work`/shards; resumable, reused when done."""
-    from ..datasets import write_jsonl
-    from ...profile.job import profile_corpus
-
     work = Path(work) if work else default_work_dir(pset.name, lm, cfg)
     docs = pset.used_docs()
     corpus = write_jsonl([{"id": d.doc_id, "text": d.text} for d in docs], work / "corpus.jsonl")

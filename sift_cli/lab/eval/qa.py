@@ -1,9 +1,7 @@
 """Multi-document QA: SIFT against full recompute, CacheBlend, naive KV reuse and a static sparse pattern.
 
-Records are the lost-in-the-middle / LongBench-derived format, one JSON object per line (or a JSON list):
-`{"question": str, "answers": [str], "ctxs": [{"title": str, "text": str, "isgold"?: bool}]}`. Contexts are
-deduplicated into corpus documents (id = hash of title and text), profiled once, and every question is answered in
-every mode from the same prompt `prefix ‖ ctx_1 ‖ … ‖ ctx_k ‖ suffix`:
+The records (`qa_records.py`) are profiled once, and every question is answered in every mode from the same prompt
+`prefix ‖ ctx_1 ‖ … ‖ ctx_k ‖ suffix`:
 
 - `full`        dense recompute (the model's own SDPA forward);
 - `sift`        block-sparse prefill from the stored bits;
@@ -20,10 +18,8 @@ position. TTFT is the online prefill time (reused KV is taken as already in memo
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import random
 import re
 import statistics
 import string
@@ -32,10 +28,17 @@ from pathlib import Path
 
 import torch
 
-from ...corpus import Document, render, CorpusFormat
+from ...attention.integration import prepare_plan, sparse_attention
+from ...block_lists import cell_density, mean_densities
+from ...config import resolve_profile_config
 from ...errors import SiftError
 from ...prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
-from .prompt_sets import PromptSet, PromptSpec, compose
+from ..runs import ModelSpec, ProgressBar, append_result, no_progress, read_results, run_metadata
+from .backend import eval_backend
+from .kvreuse import cacheblend_prefill, inv_freq_of, kv_reuse_prefill, reused_kv, standalone_kv
+from .prompt_sets import PromptSet, PromptSpec, compose, ensure_shards
+from .qa_records import build_nq_records, gold_position, read_qa_records, records_prompt_set, sample_records
+from .static import matched_block_lists
 
 MODES = ("full", "sift", "sink+window", "kv-reuse", "cacheblend")
 
@@ -54,127 +57,9 @@ def answer_correct(prediction: str, answers) -> bool:
     return any(normalize_answer(a) in pred for a in answers if normalize_answer(a))
 
 
-# ---- records ---------------------------------------------------------------------------------------------------
-
-def read_qa_records(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise SiftError(f"QA file not found: {path}")
-    opener = gzip.open if p.name.endswith(".gz") else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SiftError(f"{path}: cannot read ({exc})") from exc
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SiftError(f"{path}: invalid JSON ({exc.msg})") from exc
-        origins = [f"{path}[{i}]" for i in range(len(records))]
-    else:
-        records, origins = [], []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise SiftError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
-            origins.append(f"{path}:{lineno}")
-    for rec, origin in zip(records, origins):
-        if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec.get("ctxs"):
-            raise SiftError(f"{origin}: expected {{\"question\", \"answers\", \"ctxs\": [{{\"title\", \"text\"}}]}}")
-        if not isinstance(rec.get("answers"), list) or not rec["answers"]:
-            raise SiftError(f"{origin}: \"answers\" must be a non-empty list of strings")
-        for c in rec["ctxs"]:
-            if not isinstance(c, dict) or not isinstance(c.get("text"), str) or not c["text"].strip():
-                raise SiftError(f"{origin}: every ctx needs a non-empty \"text\"")
-    if not records:
-        raise SiftError(f"{path}: no records")
-    return records
-
-
-def write_qa_records(records: list[dict], path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    opener = gzip.open if p.name.endswith(".gz") else open
-    with opener(p, "wt", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    return p
-
-
-def build_nq_records(data: str | Path | None, n_docs: int, n_questions: int, gold_position: int | None = None,
-                     seed: int = 0) -> list[dict]:
-    """Records from nq-open-oracle: the gold passage plus n_docs - 1 other questions' gold passages as
-    distractors (STUDY.md's set-up), gold at `gold_position` (0-based; None: random)."""
-    from ..datasets import data_dir, nq_items, nq_records
-
-    nq = nq_records(data_dir(data))
-    items = nq_items(nq, n_docs=n_docs, n_items=n_questions, seed=seed, gold_position=gold_position)
-    out = []
-    for it in items:
-        ctxs = []
-        for d in it.doc_ids:
-            c = nq[int(d[2:])]["ctxs"][0]
-            ctxs.append({"title": c.get("title", ""), "text": c["text"], "isgold": d == it.gold})
-        out.append({"question": it.question, "answers": list(it.answers), "ctxs": ctxs,
-                    "gold_index": list(it.doc_ids).index(it.gold)})
-    return out
-
-
-def ctx_id(ctx: dict) -> str:
-    h = hashlib.sha256(f"{ctx.get('title') or ''}\n{ctx['text']}".encode("utf-8")).hexdigest()
-    return "c" + h[:16]
-
-
-def _gold_index(rec: dict) -> int | None:
-    if isinstance(rec.get("gold_index"), int):
-        return rec["gold_index"]
-    for i, c in enumerate(rec["ctxs"]):
-        if c.get("isgold"):
-            return i
-    for i, c in enumerate(rec["ctxs"]):
-        if c.get("hasanswer"):
-            return i
-    return None
-
-
-def truncate_ctxs(rec: dict, n_docs: int) -> list[dict]:
-    """The first n_docs contexts, keeping the gold one (at min(its index, n_docs - 1))."""
-    ctxs = rec["ctxs"]
-    if n_docs >= len(ctxs):
-        return list(ctxs)
-    g = _gold_index(rec)
-    if g is None or g < n_docs:
-        return list(ctxs[:n_docs])
-    others = [c for i, c in enumerate(ctxs) if i != g][: n_docs - 1]
-    return others + [ctxs[g]]
-
-
-def records_prompt_set(records: list[dict], name: str = "qa", n_docs: int | None = None,
-                       fmt: CorpusFormat = CorpusFormat()) -> PromptSet:
-    docs: dict[str, Document] = {}
-    prompts = []
-    for rec in records:
-        ctxs = truncate_ctxs(rec, n_docs) if n_docs else rec["ctxs"]
-        ids = []
-        for c in ctxs:
-            i = ctx_id(c)
-            if i not in docs:
-                docs[i] = Document(i, render(fmt, i, c["text"], c.get("title") or None), "ctx")
-            ids.append(i)
-        prompts.append(PromptSpec(tuple(ids), rec["question"], tuple(map(str, rec["answers"]))))
-    return PromptSet(f"{name}{n_docs or ''}", docs, prompts)
-
-
 # ---- answering -------------------------------------------------------------------------------------------------
 
 def _timed_forward_with_block_lists(lm, ids, backend, block_lists):
-    from ...attention.integration import prepare_plan, sparse_attention
-
     dev = lm.device
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -190,10 +75,6 @@ def _timed_forward_with_block_lists(lm, ids, backend, block_lists):
 def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: int = 16, block_m: int = 128,
                 block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal") -> dict:
     """Every mode on one question; returns a plain dict (texts, tokens, metrics per mode)."""
-    from ...block_lists import cell_density
-    from .kvreuse import cacheblend_prefill, inv_freq_of, kv_reuse_prefill, reused_kv, standalone_kv
-    from .static import matched_block_lists
-
     prompt = compose(shards, lm, spec)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
     tok = lm.tokenizer
@@ -214,8 +95,7 @@ def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: in
     if "sift" in modes or "sink+window" in modes:
         s = sparse_prefill(lm, prompt, backend, ids, block_m, block_n, decoder)
         sift_lists = s.block_lists
-        dens = sum(cell_density(b) for b in s.block_lists) / len(s.block_lists)
-        blk = sum(b.computed_blocks() for b in s.block_lists) / sum(b.causal_blocks() for b in s.block_lists)
+        dens, blk = mean_densities(s.block_lists)
         extra.update(sift_cell_density=dens, sift_block_density=blk)
         if "sift" in modes:
             finish("sift", s.logits, s.past, s.ttft_ms, cell_density=dens, block_density=blk)
@@ -287,8 +167,6 @@ def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_token
            block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal",
            done: dict | None = None, on_item=None, progress=None) -> dict:
     """All prompts of `pset`; `done` maps item_key → an earlier result (resumed runs skip those)."""
-    from .backend import eval_backend
-
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SiftError(f"--modes: unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
@@ -322,7 +200,41 @@ def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_token
                 "deviation": "sum over KV heads and head_dim of (V_fresh - V_reused)^2 at the check layer"}}
 
 
-def sample_records(records: list[dict], n: int | None, seed: int = 0) -> list[dict]:
-    if n is None or n >= len(records):
-        return records
-    return random.Random(seed).sample(records, n)
+def qa_report(model: ModelSpec, records: Path | None = None, nq: bool = False, sizes=(10,), questions: int = 50,
+              gold: str = "random", seed: int = 0, modes=MODES, backend: str = "auto", max_new_tokens: int = 16,
+              ratio: float = 0.15, blend_mask: str = "causal", tile: int = 64, alpha: float = 1e-3,
+              beta: float = 1e-2, gamma: float = 0.10, block_m: int = 128, block_n: int = 64,
+              results: Path | None = None, data_dir=None, work: Path | None = None,
+              progress_bar: ProgressBar = no_progress) -> dict:
+    """`sift eval qa`: every mode on the questions of a records file (or of nq-open-oracle), once per document
+    count in `sizes`. results: per-question JSONL, appended as questions finish; a re-run resumes from it."""
+    if (records is None) != nq:
+        raise SiftError("give a records file, or --nq to build records from nq-open-oracle")
+    if blend_mask not in ("causal", "bottom-right"):
+        raise SiftError("--blend-mask must be causal or bottom-right")
+    if not 0 < ratio <= 1:
+        raise SiftError("--recompute-ratio must be in (0, 1]")
+    lm = model.load()
+    cfg = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma}).profile
+    be = eval_backend(backend, lm.device)
+    done = read_results(results)
+    runs = []
+    for n in sizes:
+        if nq:
+            recs = build_nq_records(data_dir, n, questions, gold_position(gold), seed)
+            name = f"nq-s{seed}-g{gold}-"
+        else:
+            recs = sample_records(read_qa_records(records), questions, seed)
+            name = f"{records.stem}-"
+        pset = records_prompt_set(recs, name, n)
+        with progress_bar(f"profiling ({n} docs)") as prog:
+            sh = ensure_shards(pset, lm, cfg, work / f"n{n}" if work else None, progress=prog)
+        with progress_bar(f"answering ({n} docs)") as prog:
+            res = run_qa(lm, sh, pset, modes, be, max_new_tokens, block_m, block_n, ratio, 1, blend_mask,
+                         done=done, on_item=lambda r: append_result(results, r), progress=prog)
+        res["n_docs"] = n
+        res["questions"] = len(pset.prompts)
+        res["mean_tokens"] = sum(it["tokens"] for it in res["items"]) / max(1, len(res["items"]))
+        runs.append(res)
+    return {"runs": runs, "modes": list(runs[0]["modes"]) if runs else [], "run": run_metadata(lm),
+            "thresholds": cfg.thresholds(), "source": "nq-open-oracle" if nq else str(records)}

@@ -18,13 +18,20 @@ inside documents) and the CA area (later-document rows × earlier-document keys)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...config import CPU_DEFAULTS, device_defaults
 from ...block_lists import block_mask_for_layer, doc_ca_pages, doc_la_tiles
+from ...config import CPU_DEFAULTS, device_defaults, resolve_profile_config
+from ...errors import SiftError
 from ...prompt import Prompt
+from ...shards.reader import ShardSet
+from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
+from .probe import probe_forward
+from .prompt_sets import builtin_prompt_set, compose, ensure_shards, read_prompt_file
 
 COUNTS = ("la_cells", "la_high", "la_high_sel", "la_high_blk", "la_sel_cells", "la_tiles", "la_sel_tiles",
           "la_true_tiles", "ca_cells", "ca_high", "ca_high_sel", "ca_high_blk", "ca_sel_cells", "ca_pages",
@@ -187,8 +194,6 @@ def summarize(c: dict, mass: np.ndarray) -> dict:
 def run_recall(lm, prompts: list[Prompt], alpha: float, beta: float, block_m: int = 128, block_n: int = 64,
                progress=None) -> dict:
     """Recall over `prompts` (all layers and heads); counts are summed over prompts before the ratios."""
-    from .probe import probe_forward
-
     L, H = lm.n_layers, lm.n_heads
     total = {k: np.zeros((L, H), dtype=np.int64) for k in COUNTS}
     mass = np.zeros((L, H))
@@ -214,3 +219,32 @@ def run_recall(lm, prompts: list[Prompt], alpha: float, beta: float, block_m: in
                     "la_true_sparsity": 0.764, "ca_recall": 0.8012, "ca_chosen_sparsity": 0.942,
                     "ca_true_sparsity": 0.996}
     return out
+
+
+def recall_report(model: ModelSpec, shards: Path | None = None, prompts: Path | None = None, data: str | None = None,
+                  data_dir=None, n_docs: int = 20, n_prompts: int = 6, docs_per_prompt: int = 3, words: int = 1600,
+                  seed: int = 0, tile: int = 64, alpha: float = 1e-3, beta: float = 1e-2, gamma: float = 0.10,
+                  block_m: int = 128, block_n: int = 64, work: Path | None = None,
+                  progress_bar: ProgressBar = no_progress) -> dict:
+    """`sift eval recall`: prompts over a shard set (`shards` + a `prompts` file, at the shards' thresholds) or a
+    built-in prompt set (`data`: nq or essays, profiled here at the given thresholds)."""
+    if (shards is None) == (data is None):
+        raise SiftError("give either --shards DIR --prompts FILE, or --data nq|essays")
+    lm = model.load()
+    if data is not None:
+        pset = builtin_prompt_set(data, data_dir, n_docs, n_prompts, seed, docs_per_prompt, words)
+        cfg = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma}).profile
+        with progress_bar("profiling") as prog:
+            sh = ensure_shards(pset, lm, cfg, work, progress=prog)
+        specs, source = pset.prompts, pset.describe()
+    else:
+        if prompts is None:
+            raise SiftError("--shards needs --prompts FILE")
+        sh, specs = ShardSet(shards), read_prompt_file(prompts)
+        source = {"shards": str(shards), "prompts": str(prompts)}
+        alpha, beta = float(sh.meta["sift.alpha"]), float(sh.meta["sift.beta"])
+    built = [compose(sh, lm, s) for s in specs]
+    with progress_bar("recall") as prog:
+        res = run_recall(lm, built, alpha, beta, block_m, block_n, progress=prog)
+    res["source"], res["run"] = source, run_metadata(lm)
+    return res

@@ -12,6 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...bits import ca_nbytes, la_nbytes, n_pages
+from ...errors import SiftError
+from ...shards.inspection import inspect_shards
+
 
 # Published configs: (layers, query heads, KV heads, head_dim). Attention shapes only: that is all both sizes need.
 MODELS = {
@@ -89,8 +92,6 @@ def prompt_table(models: dict | None = None, prompt_tokens=(15360, 32768, 65536)
 
 def shard_table(path: str | Path) -> dict:
     """The corpus on disk: metadata bytes (bit vectors only, and whole shard files) against its KV cache."""
-    from ...shards.inspection import inspect_shards
-
     s = inspect_shards(path)
     keys = ("path", "documents", "tokens", "tokens_mean", "tokens_max", "tile_size", "n_layers", "n_heads",
             "n_kv_heads", "head_dim", "metadata_bytes", "shard_bytes_on_disk", "kv_cache_bytes_bf16",
@@ -102,6 +103,12 @@ def shard_table(path: str | Path) -> dict:
 
 def storage_report(shards: str | Path | None = None, tile: int = 64, doc_lengths=DOC_LENGTHS,
                    models: list[str] | None = None) -> dict:
+    """`sift eval storage`: the published configs (`models`: a subset of MODELS) and optionally a shard set."""
+    unknown = [m for m in models or () if m not in MODELS]
+    if unknown:
+        raise SiftError(f"--models: unknown {unknown[0]!r}; known: {', '.join(MODELS)}")
+    if tile not in (16, 32, 64, 128, 256):
+        raise SiftError("--tile must be a power of two from 16 to 256")
     chosen = {m: MODELS[m] for m in (models or MODELS)}
     out = {"tile": tile, "models": model_table(chosen, doc_lengths, tile),
            "prompts": prompt_table(chosen),

@@ -14,15 +14,23 @@ import math
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ...bits import pack_doc
+from ...block_lists import decode_layer, mean_densities
 from ...config import device_defaults
+from ...corpus import CorpusFormat
 from ...errors import SiftError
-from ...models import tokenize_documents
-from ...models import prefix_token_ids
+from ...models import prefix_token_ids, tokenize_documents
 from ...prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
 from ...prompt import build_prompt
-from .prompt_sets import PromptSet
+from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
+from .backend import eval_backend
+from .probe import probe_forward
+from .prompt_sets import PromptSet, builtin_prompt_set, corpus_prompt_set
+from .recall import COUNTS, RecallProbe, summarize
+from .thresholds import collect_stats, derive_bits
 
 
 @dataclass(frozen=True)
@@ -75,8 +83,6 @@ class SweepContext:
     """Everything computed once per prompt set: token ids, statistics, dense references."""
 
     def __init__(self, lm, pset: PromptSet, points: list[GridPoint], max_new_tokens: int = 16, progress=None):
-        from .thresholds import collect_stats
-
         self.lm, self.pset, self.max_new_tokens = lm, pset, max_new_tokens
         base = check_points(points)
         self.prefix = prefix_token_ids(lm.tokenizer)
@@ -102,9 +108,6 @@ class SweepContext:
             del past
 
     def bits(self, point: GridPoint, doc_id: str):
-        from ...bits import pack_doc
-        from .thresholds import derive_bits
-
         key = (point, doc_id)
         if key not in self._bits_cache:
             la, ca = derive_bits(self.docs[doc_id][1], point.tile, point.alpha, point.beta, point.gamma)
@@ -120,19 +123,15 @@ class SweepContext:
 
     def densities(self, point: GridPoint, block_m: int, block_n: int) -> list[dict]:
         """Cell and block density of each prompt at `point` (decode only, no forward)."""
-        from ...block_lists import cell_density, decode_layer
-
         out = []
         for spec in self.pset.prompts:
             p = self.prompt(spec, point)
             lays = [decode_layer(p.bits, layer, block_m, block_n) for layer in range(self.lm.n_layers)]
-            out.append({"cells": sum(cell_density(x) for x in lays) / len(lays),
-                        "blocks": sum(x.computed_blocks() for x in lays) / sum(x.causal_blocks() for x in lays)})
+            cells, blocks = mean_densities(lays)
+            out.append({"cells": cells, "blocks": blocks})
         return out
 
     def evaluate(self, point: GridPoint, backend, block_m: int, block_n: int, recall: bool = False) -> dict:
-        from ...block_lists import cell_density
-
         lm = self.lm
         rows = []
         for spec, ref in zip(self.pset.prompts, self.dense):
@@ -141,9 +140,8 @@ class SweepContext:
             s = sparse_prefill(lm, p, backend, ids, block_m, block_n, "cuda" if backend.name == "cuda" else "torch")
             cmp = compare_logits(ref["logits"], s.logits)
             toks = greedy_generate(lm, s.logits, s.past, self.max_new_tokens)
-            rows.append({"cells": sum(cell_density(x) for x in s.block_lists) / len(s.block_lists),
-                         "blocks": sum(x.computed_blocks() for x in s.block_lists)
-                         / sum(x.causal_blocks() for x in s.block_lists),
+            cells, blocks = mean_densities(s.block_lists)
+            rows.append({"cells": cells, "blocks": blocks,
                          "kl": cmp["kl"], "first_token_same": cmp["first_token_match"],
                          "same_answer": toks == ref["tokens"], "ttft_ms": s.ttft_ms, "dense_ms": ref["ms"],
                          "text": lm.tokenizer.decode(toks, skip_special_tokens=True), "tokens": p.layout.seq_len})
@@ -168,11 +166,6 @@ class SweepContext:
 
     def recall(self, points: list[GridPoint], block_m: int, block_n: int) -> list[dict]:
         """Recall at several grid points with one dense forward per prompt."""
-        import numpy as np
-
-        from .probe import probe_forward
-        from .recall import COUNTS, RecallProbe, summarize
-
         L, H = self.lm.n_layers, self.lm.n_heads
         totals = [({k: np.zeros((L, H), dtype=np.int64) for k in COUNTS}, np.zeros((L, H))) for _ in points]
         budget = device_defaults(self.lm.device).stats_budget_bytes
@@ -194,8 +187,6 @@ class SweepContext:
 
 def run_sweep(lm, pset: PromptSet, points: list[GridPoint], backend=None, block_m: int = 128, block_n: int = 64,
               max_new_tokens: int = 16, recall: bool = False, progress=None, ctx: SweepContext | None = None) -> dict:
-    from .backend import eval_backend
-
     backend = backend or eval_backend("auto", lm.device)
     ctx = ctx or SweepContext(lm, pset, points, max_new_tokens)
     rows = []
@@ -207,3 +198,20 @@ def run_sweep(lm, pset: PromptSet, points: list[GridPoint], backend=None, block_
             "max_new_tokens": max_new_tokens,
             "dense": [{"tokens": d["seq_len"], "ttft_ms": d["ms"], "text": d["text"]} for d in ctx.dense],
             "points": rows}
+
+
+def sweep_report(model: ModelSpec, points: list[GridPoint], data: str | None = None, corpus: str | None = None,
+                 data_dir=None, n_docs: int = 20, n_prompts: int = 3, docs_per_prompt: int = 3, words: int = 1600,
+                 seed: int = 0, backend: str = "auto", block_m: int = 64, block_n: int = 64,
+                 max_new_tokens: int = 16, recall: bool = False, progress_bar: ProgressBar = no_progress) -> dict:
+    """`sift eval sweep`: every grid point on a built-in prompt set (`data`) or prompts sampled from `corpus`."""
+    if (data is None) == (corpus is None):
+        raise SiftError("give --data nq|essays or --corpus PATH")
+    lm = model.load()
+    pset = builtin_prompt_set(data, data_dir, n_docs, n_prompts, seed, docs_per_prompt, words) if data else \
+        corpus_prompt_set(corpus, CorpusFormat(), n_prompts, docs_per_prompt, None, seed)
+    with progress_bar("sweep") as prog:
+        res = run_sweep(lm, pset, points, eval_backend(backend, lm.device), block_m, block_n, max_new_tokens, recall,
+                        progress=prog)
+    res["run"] = run_metadata(lm)
+    return res

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...bits import n_pages
 from ...attention.swap import swapped_attention
+from ...bits import n_pages
 from ...config import CPU_DEFAULTS
 from ...profile.batches import padded_batch, plan_batches
 from ...profile.forward import causal_sdpa

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from sift_cli.errors import SiftError
-from sift_cli.lab.eval.qa import (answer_correct, ctx_id, normalize_answer, read_qa_records, records_prompt_set,
-                                  summarize_qa, truncate_ctxs)
+from sift_cli.lab.eval.qa import answer_correct, normalize_answer, summarize_qa
+from sift_cli.lab.eval.qa_records import ctx_id, read_qa_records, records_prompt_set, truncate_ctxs
 
 
 def test_lost_in_the_middle_scoring():

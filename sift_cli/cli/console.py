@@ -1,4 +1,5 @@
-"""Terminal output helpers: rich consoles, a progress bar that stays quiet off a terminal, JSON printing."""
+"""Terminal output of the CLI: rich consoles, a progress bar that stays quiet off a terminal, JSON printing, number
+formats."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -26,15 +28,14 @@ def _default(o):
 
 
 @contextlib.contextmanager
-def token_progress(description: str, enabled: bool = True):
+def progress(description: str, enabled: bool = True, unit: str | None = None):
     """Yield a callback(done, total) that drives a progress bar on stderr, only when stderr is a terminal."""
     if not (enabled and sys.stderr.isatty()):
         yield lambda done, total: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("tokens"), TimeRemainingColumn(), console=err, transient=True) as bar:
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn(unit)] if unit else []
+    with Progress(*columns, TimeRemainingColumn(), console=err, transient=True) as bar:
         task = bar.add_task(description, total=None)
 
         def update(done: int, total: int) -> None:
@@ -55,3 +56,12 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TB"
+
+
+def fmt(x, nd=3) -> str:
+    """A number for a table: `-` for None, small floats in %g."""
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}g}" if abs(x) < 1e-2 and x != 0 else f"{x:.{nd}f}"
+    return str(x)

@@ -1,4 +1,5 @@
-"""`sift eval …`, `sift calibrate`, `sift bench prefill` end to end on the tiny model (mounted as cli.py will)."""
+"""`sift eval …`, `sift calibrate`, `sift bench prefill` end to end on the tiny model (mounted as the CLI mounts
+them)."""
 
 import importlib.util
 import json
@@ -8,12 +9,12 @@ import pytest
 import torch
 import typer
 
-from sift_cli.cli_eval import bench_prefill, calibrate, eval_app
-from sift_cli.console import err
+from sift_cli.cli.bench import bench_prefill
+from sift_cli.cli.console import err
+from sift_cli.cli.eval import calibrate, eval_app
 from sift_cli.errors import SiftError
 
-from .helpers import TRAINING_TEXT
-
+from ..helpers import TRAINING_TEXT
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

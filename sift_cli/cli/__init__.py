@@ -1,0 +1,68 @@
+"""The `sift` command line: one module per command group, each parsing flags, calling one library (or lab)
+function and rendering its result with rich or as one JSON object. Errors the user can fix become one line.
+
+- `profile`  sift profile
+- `shards`   sift inspect, validate, status, sample-corpus
+- `prefill`  sift prefill, demo-prefill
+- `eval`     sift eval recall | build-qa | qa | sweep | storage, sift calibrate
+- `bench`    sift bench kernels | profile | prefill
+
+Commands import the library and the lab when they run, so that `sift --help` does not load torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+from rich.markup import escape
+
+from ..errors import SiftError
+from . import prefill, profile, shards
+from .bench import bench_app
+from .console import err
+from .eval import calibrate, eval_app
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
+                  help="Profile a RAG corpus offline into attention bit vectors; run sparse prefill online.")
+app.command()(profile.profile)
+app.command()(shards.inspect)
+app.command()(shards.validate)
+app.command()(shards.status)
+app.command()(prefill.prefill)
+app.command("demo-prefill", hidden=True)(prefill.demo_prefill)
+app.add_typer(bench_app, name="bench")
+app.command("sample-corpus")(shards.sample_corpus)
+app.add_typer(eval_app, name="eval")
+app.command("calibrate")(calibrate)
+
+
+def main() -> None:
+    debug = os.environ.get("SIFT_DEBUG", "") not in ("", "0")
+    try:
+        rc = app(standalone_mode=False)  # click returns (not raises) the code of typer.Exit here
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
+    except SiftError as exc:
+        if debug:
+            raise
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
+    except Exception as exc:  # usage errors and the unexpected: one line, no traceback
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):  # typer's click exceptions
+            exc.show()
+            sys.exit(exc.exit_code)
+        if debug:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        err.print(f"[red]error:[/] {type(exc).__name__}: {escape(first)} (set SIFT_DEBUG=1 for the traceback)")
+        sys.exit(1)
+
+

@@ -1,0 +1,126 @@
+"""`sift bench kernels | profile | prefill`: speed measured side by side in one run (the lab's `bench`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import SiftError
+from .console import err, fmt, out, print_json
+from .options import DataOpt, JsonOpt, PlotOpt
+from .results import finish
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks measured side by side in one run.")
+
+
+@bench_app.command("kernels")
+def bench_kernels(
+    quick: bool = typer.Option(False, "--quick", help="fewer lengths and densities"),
+    markdown: bool = typer.Option(False, "--markdown", help="print the table as Markdown (for docs/benchmarks.md)"),
+    as_json: bool = JsonOpt,
+):
+    """Sparse attention kernel vs cuDNN SDPA (dense causal) vs FlexAttention, and the decode kernel (GPU)."""
+    from ..lab.bench import attention_kernels as kb
+
+    rows = kb.run_kernel_bench(quick=quick)
+    if as_json:
+        print_json(rows)
+    elif markdown:
+        out.print(kb.markdown(rows), markup=False)
+    else:
+        out.print(kb.render(rows))
+
+
+@bench_app.command("profile")
+def bench_profile(
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="folder with the NQ file and essays "
+                                                                       "(default: $SIFT_DATA_DIR)"),
+    device: str = typer.Option("cuda", "--device"),
+    quick: bool = typer.Option(False, "--quick", help="fewer documents per case"),
+    cases: str = typer.Option("nq,essays,8b-2k,8b-8k", "--cases", help="comma-separated subset"),
+    as_json: bool = JsonOpt,
+):
+    """Dense prefill vs the whole `sift profile` run (each statistics path) on the same documents."""
+    from ..lab.bench import profile as bp
+
+    rows = bp.run_profile_bench(data_dir=data_dir, device=device, quick=quick,
+                                cases=tuple(c.strip() for c in cases.split(",") if c.strip()),
+                                log=(lambda *a, **k: None) if as_json else (lambda m: err.print(escape(str(m)))))
+    if as_json:
+        print_json(rows)
+    else:
+        out.print(bp.render(rows))
+
+
+@bench_app.command("prefill")
+def bench_prefill(
+    models: str = typer.Option("llama3-8b,smollm2", "--models", help="llama3-8b (8B-shaped, random weights) and/or "
+                                                                     "smollm2 (real profiles)"),
+    lengths: str = typer.Option("8k,16k,32k,64k", "--lengths"),
+    pattern: str = typer.Option("paper", "--pattern", help="8B-shaped model's bits: paper (drawn at LA 27.3% / CA "
+                                                           "5.8%) or sampled (from SmolLM2 profiles)"),
+    doc_tokens: int = typer.Option(2048, "--doc-tokens", help="document length in the prompts"),
+    modes: str = typer.Option("full,sift,cacheblend", "--modes"),
+    backends: str = typer.Option("auto", "--backends", help="SIFT backends, comma-separated: auto, cuda, flex"),
+    repeat: int = typer.Option(3, "--repeat"),
+    warmup: int = typer.Option(1, "--warmup"),
+    energy: bool = typer.Option(True, "--energy/--no-energy", help="NVML energy per mode"),
+    ratio: float = typer.Option(0.15, "--recompute-ratio"),
+    ssd_gbps: float = typer.Option(3.8, "--ssd-gbps", help="modelled SSD read bandwidth for CacheBlend"),
+    model: Optional[str] = typer.Option(None, "--model", help="the SmolLM2 checkpoint (default: bundled)"),
+    data_dir: Optional[Path] = DataOpt,
+    cpu_smoke: bool = typer.Option(False, "--cpu-smoke", help="without a GPU: a tiny functional pass (timings "
+                                                              "meaningless)"),
+    save: Optional[Path] = typer.Option(None, "--save"),
+    plot: Optional[Path] = PlotOpt,
+    as_json: bool = JsonOpt,
+):
+    """TTFT of full recompute (cuDNN), SIFT and CacheBlend at 8K–64K, split, with energy (needs a GPU)."""
+    from ..lab.bench.prefill import bench_prefill as run
+
+    log = (lambda *a: None) if as_json else (lambda msg: err.print(escape(str(msg))))
+    result = run([m.strip() for m in models.split(",") if m.strip()], _lengths(lengths), pattern, doc_tokens,
+                 tuple(m.strip() for m in modes.split(",")), tuple(b.strip() for b in backends.split(",")), repeat,
+                 warmup, energy, ratio, ssd_gbps, data_dir, model, cpu_smoke, log=log)
+    finish(result, save, plot, "plot_bench", as_json, lambda res: render_bench(res["rows"], res["cpu_smoke"]),
+           plot_of=lambda res: res["rows"])
+
+
+def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
+    if cpu_smoke:
+        out.print("[yellow]CPU smoke run: the code paths work; the timings mean nothing[/]")
+    t = Table(show_edge=False)
+    for c in ("model", "bits", "tokens", "mode", "TTFT ms", "attention", "proj+MLP", "decode", "transfer",
+              "density", "×full", "TTFT/ideal", "J", "tok/J", "EDP", "ED²P"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        if "error" in r:
+            t.add_row(escape(r.get("model", "")[:24]), escape(r.get("pattern", "")[:28]), str(r.get("tokens")),
+                      r.get("mode", ""), f"[red]{escape(r['error'][:60])}[/]")
+            continue
+        t.add_row(escape(r["model"][:24]), escape(r["pattern"][:28]), f"{r['tokens']:,}", r["mode"],
+                  f"{r['ttft_ms']:.1f}", fmt(r.get("attention_ms"), 1), fmt(r.get("other_ms"), 1),
+                  fmt(r.get("decode_ms"), 2), fmt(r.get("transfer_ms"), 2), fmt(r.get("cell_density"), 3),
+                  fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3), fmt(r.get("energy_j"), 2),
+                  fmt(r.get("tokens_per_j"), 0), fmt(r.get("edp"), 3), fmt(r.get("ed2p"), 3))
+    out.print(t)
+
+
+def _lengths(text: str) -> list[int]:
+    out_ = []
+    for x in text.split(","):
+        x = x.strip().lower()
+        if not x:
+            continue
+        mult = 1024 if x.endswith("k") else 1
+        try:
+            out_.append(int(float(x.rstrip("k")) * mult))
+        except ValueError:
+            raise SiftError(f"--lengths {text!r}: expected e.g. 8k,16k,32k,64k") from None
+    if not out_:
+        raise SiftError("--lengths: no values")
+    return out_

@@ -1,0 +1,384 @@
+"""`sift eval …` and `sift calibrate`: parse the flags, call one measurement of the lab (`sift_cli.lab.eval`),
+render its result as tables or one JSON object."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import SiftError
+from .console import err, fmt, human_bytes, out, pct, print_json, progress
+from .options import BackendOpt, DataOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, PlotOpt, ThreadsOpt, WorkOpt
+from .results import finish
+
+eval_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                       pretty_exceptions_enable=False,
+                       help="Reproduce the paper's measurements on your model and corpus: recall, QA accuracy against "
+                            "full recompute and CacheBlend, threshold sweeps, storage.")
+
+
+# ---- parsing ---------------------------------------------------------------------------------------------------
+
+def _numbers(text: str, name: str, kind, what: str) -> list:
+    try:
+        vals = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SiftError(f"{name} {text!r}: expected comma-separated {what}") from None
+    if not vals:
+        raise SiftError(f"{name}: no values")
+    return vals
+
+
+def _floats(text: str, name: str) -> list[float]:
+    return _numbers(text, name, float, "numbers")
+
+
+def _ints(text: str, name: str) -> list[int]:
+    return _numbers(text, name, int, "integers")
+
+
+def _model(model, device, dtype, threads):
+    from ..lab.runs import ModelSpec
+
+    return ModelSpec(model, device, dtype, threads)
+
+
+def _bars(as_json: bool):
+    """The lab's progress bars: one per phase on a terminal, none with --json."""
+    return lambda description: progress(description, not as_json)
+
+
+def _points(points, tiles, alphas, betas, gammas):
+    from ..lab.eval.sweep import grid, parse_points
+
+    if points:
+        return parse_points(points)
+    return grid(_ints(tiles, "--tiles"), _floats(alphas, "--alphas"), _floats(betas, "--betas"),
+                _floats(gammas, "--gammas"))
+
+
+# ---- eval recall -----------------------------------------------------------------------------------------------
+
+@eval_app.command()
+def recall(
+    shards: Optional[Path] = typer.Option(None, "--shards", help="shard directory (with --prompts)"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL: {\"doc_ids\": [...], \"question\": ...}"),
+    data: Optional[str] = typer.Option(None, "--data", help="built-in prompt sets: nq or essays (profiled here)"),
+    n_docs: int = typer.Option(20, "--n-docs", help="passages per NQ prompt"),
+    n_prompts: int = typer.Option(6, "--n-prompts"),
+    docs_per_prompt: int = typer.Option(3, "--docs-per-prompt", help="essays per prompt"),
+    words: int = typer.Option(1600, "--words", help="essays: first N words"),
+    seed: int = typer.Option(0, "--seed"),
+    tile: int = typer.Option(64, "--tile"),
+    alpha: float = typer.Option(1e-3, "--alpha"),
+    beta: float = typer.Option(1e-2, "--beta"),
+    gamma: float = typer.Option(0.10, "--gamma"),
+    block_m: int = typer.Option(128, "--block-m"),
+    block_n: int = typer.Option(64, "--block-n"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    data_dir: Optional[Path] = DataOpt, work: Optional[Path] = WorkOpt, threads: int = ThreadsOpt,
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here"),
+    as_json: bool = JsonOpt,
+):
+    """Recall of the truly high attention cells of composed prompts by the stored LA tiles and CA pages."""
+    from ..lab.eval.recall import recall_report
+
+    res = recall_report(_model(model, device, dtype, threads), shards, prompts, data, data_dir, n_docs, n_prompts,
+                        docs_per_prompt, words, seed, tile, alpha, beta, gamma, block_m, block_n, work,
+                        progress_bar=_bars(as_json))
+    finish(res, save, plot, "plot_recall", as_json, render_recall)
+
+
+def render_recall(res: dict) -> None:
+    o, p = res["overall"], res["paper"]
+    th = res["thresholds"]
+    out.print(f"[bold]recall[/] over {len(res['prompts'])} prompts (T={th['tile_size']}, α={th['alpha']}, "
+              f"β={th['beta']}; blocks {res['block'][0]}×{res['block'][1]})")
+    a = res["area"]
+    out.print(f"  attention area: always dense {pct(a['dense'])}, LA {pct(a['la'])}, CA {pct(a['ca'])}")
+    t = Table(show_edge=False)
+    for col in ("", "recall", "block recall", "chosen density", "true density", "chosen tiles/pages",
+                "true tiles/pages", "paper recall", "paper chosen / true sparsity"):
+        t.add_column(col, justify="right")
+    t.add_row("LA", pct(o["la_recall"]), pct(o["la_block_recall"]), pct(o["la_chosen_density"]),
+              pct(o["la_true_density"]), pct(o["la_chosen_tile_density"]), pct(o["la_true_tile_density"]),
+              pct(p["la_recall"]), f"{pct(p['la_chosen_sparsity'])} / {pct(p['la_true_sparsity'])}")
+    t.add_row("CA", pct(o["ca_recall"]), pct(o["ca_block_recall"]), pct(o["ca_chosen_density"]),
+              pct(o["ca_true_density"]), pct(o["ca_chosen_page_density"]), pct(o["ca_true_page_density"]),
+              pct(p["ca_recall"]), f"{pct(p['ca_chosen_sparsity'])} / {pct(p['ca_true_sparsity'])}")
+    out.print(t)
+    out.print(f"  attention mass of document rows kept by the computed blocks: {pct(o['attention_mass_kept'])}")
+    t = Table(title="per layer", show_edge=False)
+    for col in ("layer", "LA recall", "CA recall", "LA tiles chosen (heads q1..q3)", "LA tiles true", "CA pages chosen"):
+        t.add_column(col, justify="right")
+    for r in res["per_layer"]:
+        h = r["la_tile_density_heads"]
+        t.add_row(str(r["layer"]), pct(r["la_recall"]), pct(r["ca_recall"]),
+                  f"{pct(r['la_chosen_tile_density'])} ({pct(h['q1'])}..{pct(h['q3'])})",
+                  pct(r["la_true_tile_density"]), pct(r["ca_chosen_page_density"]))
+    out.print(t)
+
+
+# ---- eval qa ---------------------------------------------------------------------------------------------------
+
+@eval_app.command("build-qa")
+def build_qa(
+    out_file: Path = typer.Option(..., "--out", "-o", help="records file to write (.jsonl or .jsonl.gz)"),
+    n_docs: int = typer.Option(10, "--n-docs", help="passages per question (gold + distractors)"),
+    questions: int = typer.Option(100, "--questions"),
+    gold_position: str = typer.Option("random", "--gold-position", help="0-based slot of the gold passage, or random"),
+    seed: int = typer.Option(0, "--seed"),
+    data_dir: Optional[Path] = DataOpt,
+    as_json: bool = JsonOpt,
+):
+    """Write multi-document QA records from nq-open-oracle: gold passage + other questions' gold passages."""
+    from ..lab.eval.qa_records import build_qa_file
+
+    result = build_qa_file(out_file, n_docs, questions, gold_position, seed, data_dir)
+    if as_json:
+        print_json(result)
+    else:
+        out.print(f"wrote {result['records']} records ({n_docs} passages each, gold at {gold_position}) to "
+                  f"{result['out']}")
+
+
+@eval_app.command()
+def qa(
+    records: Optional[Path] = typer.Argument(None, help="QA records (JSON/JSONL, {question, answers, ctxs}); "
+                                                        "omit with --nq"),
+    nq: bool = typer.Option(False, "--nq", help="build the records from nq-open-oracle (see build-qa)"),
+    n_docs: str = typer.Option("10", "--n-docs", help="documents per prompt, comma-separated to sweep (records "
+                                                      "files: the first N contexts, gold kept)"),
+    questions: int = typer.Option(50, "--questions", help="questions (sampled from a records file)"),
+    gold_position: str = typer.Option("random", "--gold-position"),
+    seed: int = typer.Option(0, "--seed"),
+    modes: str = typer.Option("full,sift,sink+window,kv-reuse,cacheblend", "--modes"),
+    backend: str = BackendOpt,
+    max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
+    ratio: float = typer.Option(0.15, "--recompute-ratio", help="CacheBlend: share of tokens recomputed"),
+    blend_mask: str = typer.Option("causal", "--blend-mask", help="CacheBlend mask: causal (exact) or bottom-right "
+                                                                  "(as its released code)"),
+    tile: int = typer.Option(64, "--tile"),
+    alpha: float = typer.Option(1e-3, "--alpha"),
+    beta: float = typer.Option(1e-2, "--beta"),
+    gamma: float = typer.Option(0.10, "--gamma"),
+    block_m: int = typer.Option(128, "--block-m"),
+    block_n: int = typer.Option(64, "--block-n"),
+    results: Optional[Path] = typer.Option(None, "--results", help="JSONL of per-question results: appended as "
+                                                                  "they finish; a re-run resumes from it"),
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    data_dir: Optional[Path] = DataOpt, work: Optional[Path] = WorkOpt, threads: int = ThreadsOpt,
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save"),
+    as_json: bool = JsonOpt,
+):
+    """Answer multi-document questions with full recompute, SIFT, sink+window, KV reuse and CacheBlend."""
+    from ..lab.eval.qa import qa_report
+
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
+    sizes = _ints(n_docs, "--n-docs")
+    result = qa_report(_model(model, device, dtype, threads), records, nq, sizes, questions, gold_position, seed,
+                       mode_list, backend, max_new_tokens, ratio, blend_mask, tile, alpha, beta, gamma, block_m,
+                       block_n, results, data_dir, work, progress_bar=_bars(as_json))
+    finish(result, save, plot, "plot_qa", as_json, lambda res: [render_qa(r) for r in res["runs"]])
+
+
+def render_qa(r: dict) -> None:
+    out.print(f"[bold]{r['n_docs']} documents[/], {r['questions']} questions, {r['mean_tokens']:.0f} tokens on "
+              f"average (backend {r['backend']}, CacheBlend ratio {r['cacheblend']['ratio']}, mask "
+              f"{r['cacheblend']['mask']})")
+    t = Table(show_edge=False)
+    t.add_column("mode", no_wrap=True)
+    for col in ("n", "accuracy", "same answer as full", "same first token", "KL mean", "TTFT ms", "density"):
+        t.add_column(col, justify="right")
+    for mode, s in r["summary"].items():
+        t.add_row(mode, str(s["n"]), pct(s["accuracy"]), pct(s["agreement_with_full"]),
+                  pct(s["first_token_agreement"]), fmt(s["kl_mean"]), f"{s['ttft_ms_median']:.0f}",
+                  pct(s.get("cell_density_mean")) if "cell_density_mean" in s else "-")
+    out.print(t)
+    if r["backend"] == "reference":
+        out.print("  TTFT here is the reference implementation's (PyTorch, no kernel): fidelity, not speed — "
+                  "`sift bench prefill` measures speed on a GPU")
+
+
+# ---- eval sweep ------------------------------------------------------------------------------------------------
+
+@eval_app.command()
+def sweep(
+    data: Optional[str] = typer.Option(None, "--data", help="nq or essays"),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="or: sample prompts from this corpus"),
+    n_docs: int = typer.Option(20, "--n-docs", help="passages per NQ prompt"),
+    n_prompts: int = typer.Option(3, "--n-prompts"),
+    docs_per_prompt: int = typer.Option(3, "--docs-per-prompt", help="essays / corpus documents per prompt"),
+    words: int = typer.Option(1600, "--words"),
+    seed: int = typer.Option(0, "--seed"),
+    points: Optional[str] = typer.Option(None, "--points", help="explicit grid 'T,α,β,γ;T,α,β,γ;…'"),
+    tiles: str = typer.Option("32,64", "--tiles"),
+    alphas: str = typer.Option("0.001,0.01", "--alphas"),
+    betas: str = typer.Option("0.01", "--betas"),
+    gammas: str = typer.Option("0.1", "--gammas"),
+    block_m: int = typer.Option(64, "--block-m", help="64×64 masks as in STUDY.md by default"),
+    block_n: int = typer.Option(64, "--block-n"),
+    with_recall: bool = typer.Option(False, "--recall", help="also measure recall at every point"),
+    max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
+    backend: str = BackendOpt,
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    data_dir: Optional[Path] = DataOpt, threads: int = ThreadsOpt,
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save"),
+    as_json: bool = JsonOpt,
+):
+    """Density, KL, first-token and answer agreement over a grid of (T, α, β, γ)."""
+    from ..lab.eval.sweep import sweep_report
+
+    pts = _points(points, tiles, alphas, betas, gammas)
+    res = sweep_report(_model(model, device, dtype, threads), pts, data, corpus, data_dir, n_docs, n_prompts,
+                       docs_per_prompt, words, seed, backend, block_m, block_n, max_new_tokens, with_recall,
+                       progress_bar=_bars(as_json))
+    finish(res, save, plot, "plot_sweep", as_json, render_sweep)
+
+
+def render_sweep(res: dict) -> None:
+    ps = res["prompt_set"]
+    out.print(f"[bold]sweep[/] on {ps['name']} ({ps['prompts']} prompts, {ps['documents']} documents; "
+              f"{res['dense'][0]['tokens'] if res['dense'] else '-'} tokens in the first), blocks "
+              f"{res['block'][0]}×{res['block'][1]}, backend {res['backend']}")
+    t = Table(show_edge=False)
+    cols = ["T", "α", "β", "γ", "density", "block density", "LA bits", "CA bits", "KL mean", "KL max",
+            "same first token", f"same {res['max_new_tokens']}-token answer"]
+    has_recall = any("la_recall" in p for p in res["points"])
+    if has_recall:
+        cols += ["LA recall", "CA recall"]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for p in res["points"]:
+        row = [str(p["tile_size"]), f"{p['alpha']:g}", f"{p['beta']:g}", f"{p['gamma']:g}", f"{p['density']:.3f}",
+               f"{p['block_density']:.3f}", pct(p["la_bit_density"]), pct(p["ca_bit_density"]), fmt(p["kl_mean"], 2),
+               fmt(p["kl_max"], 2), f"{p['first_token_same_count']}/{p['n']}", f"{p['same_answer_count']}/{p['n']}"]
+        if has_recall:
+            row += [pct(p.get("la_recall")), pct(p.get("ca_recall"))]
+        t.add_row(*row)
+    out.print(t)
+
+
+# ---- eval storage ----------------------------------------------------------------------------------------------
+
+@eval_app.command()
+def storage(
+    shards: Optional[Path] = typer.Option(None, "--shards", help="also measure this shard directory"),
+    tile: int = typer.Option(64, "--tile", help="tile size for the published-config rows"),
+    models: Optional[str] = typer.Option(None, "--models", help="comma-separated subset of the built-in configs"),
+    doc_lengths: str = typer.Option("128,512,1024,2048,4096,8192", "--doc-lengths"),
+    plot: Optional[Path] = PlotOpt,
+    as_json: bool = JsonOpt,
+):
+    """SIFT metadata bytes against KV-cache bytes: a shard directory and published model configs."""
+    from ..lab.eval.storage import storage_report
+
+    chosen = [m.strip() for m in models.split(",") if m.strip()] if models else None
+    res = storage_report(shards, tile, _ints(doc_lengths, "--doc-lengths"), chosen)
+    finish(res, None, plot, "plot_storage", as_json, lambda r: render_storage(r, tile))
+
+
+def render_storage(res: dict, tile: int) -> None:
+    if "shards" in res:
+        s = res["shards"]
+        out.print(f"[bold]{s['path']}[/]: {s['documents']} documents, {s['tokens']:,} tokens (mean "
+                  f"{s['tokens_mean']:.0f}), T={s['tile_size']}, model {s['model']}")
+        out.print(f"  bit vectors {human_bytes(s['metadata_bytes'])} ({human_bytes(s['shard_bytes_on_disk'])} on disk "
+                  f"with tokens) vs KV cache {human_bytes(s['kv_cache_bytes_bf16'])} (bf16): "
+                  f"{s['kv_to_metadata_ratio'] or 0:,.0f}× smaller ({s['kv_to_disk_ratio'] or 0:,.0f}× on disk)")
+    t = Table(title=f"per document, T={tile} (byte-padded as stored; the paper's unpadded bits in brackets)",
+              show_edge=False)
+    t.add_column("model", no_wrap=True)
+    for c in ("L×H (KV)", "doc tokens", "SIFT", "KV cache", "KV / SIFT", "equal at"):
+        t.add_column(c, justify="right")
+    for r in res["models"]:
+        t.add_row(r["model"], f"{r['layers']}×{r['heads']} ({r['kv_heads']})", f"{r['doc_tokens']:,}",
+                  human_bytes(r["sift_bytes"]), human_bytes(r["kv_bytes"]),
+                  f"{r['kv_over_sift']:,.0f}× ({r['kv_over_sift_unpadded']:,.0f}×)",
+                  f"{r['crossover_doc_tokens'] / 1e6:.1f}M tok")
+    out.print(t)
+    t = Table(title="per prompt of 1K-token documents at T=32 (the paper's Fig. 15 setting)", show_edge=False)
+    t.add_column("model", no_wrap=True)
+    for c in ("prompt tokens", "SIFT", "KV cache", "KV per layer", "KV / SIFT"):
+        t.add_column(c, justify="right")
+    for r in res["prompts"]:
+        t.add_row(r["model"], f"{r['prompt_tokens']:,}", human_bytes(r["sift_bytes"]), human_bytes(r["kv_bytes"]),
+                  human_bytes(r["kv_bytes_per_layer"]), f"{r['kv_over_sift']:,.0f}×")
+    out.print(t)
+    out.print("paper: Llama-3-8B ~24,000× at typical document lengths, equal at 33.6M tokens; 1.0 / 2.5 / 4.5 MB "
+              "per prompt at 15K / 32K / 64K")
+
+
+# ---- calibrate -------------------------------------------------------------------------------------------------
+
+def calibrate(
+    corpus: str = typer.Argument(..., help="the corpus you will profile (same formats as `sift profile`)"),
+    max_kl: Optional[float] = typer.Option(None, "--max-kl", help="target: mean KL(full ‖ SIFT) at the last "
+                                                                  "position <= this"),
+    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="target: first-token agreement "
+                                                                                ">= this (0..1)"),
+    min_recall: Optional[float] = typer.Option(None, "--min-recall", help="target: min(LA, CA) recall >= this"),
+    n_prompts: int = typer.Option(4, "--n-prompts", help="prompts sampled from the corpus"),
+    docs_per_prompt: int = typer.Option(5, "--docs-per-prompt"),
+    queries: Optional[Path] = typer.Option(None, "--queries", help="file of typical user questions, one per line"),
+    seed: int = typer.Option(0, "--seed"),
+    points: Optional[str] = typer.Option(None, "--points", help="explicit candidates 'T,α,β,γ;…'"),
+    tiles: str = typer.Option("32,64", "--tiles"),
+    alphas: str = typer.Option("0.001,0.003,0.01,0.03", "--alphas"),
+    betas: str = typer.Option("0.01,0.03", "--betas"),
+    gammas: str = typer.Option("0.1,0.3", "--gammas"),
+    block_m: int = typer.Option(128, "--block-m"),
+    block_n: int = typer.Option(64, "--block-n"),
+    max_new_tokens: int = typer.Option(8, "--max-new-tokens", help="greedy tokens compared per prompt (reported)"),
+    config_out: Path = typer.Option(Path("sift.toml"), "--config-out", help="where to write the choice (`sift "
+                                                                            "profile` reads ./sift.toml)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="measure and report, write nothing"),
+    id_field: str = typer.Option("id", "--id-field"),
+    text_field: str = typer.Option("text", "--text-field"),
+    title_field: str = typer.Option("title", "--title-field"),
+    template: Optional[str] = typer.Option(None, "--template"),
+    backend: str = BackendOpt,
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, threads: int = ThreadsOpt,
+    as_json: bool = JsonOpt,
+):
+    """Pick the sparsest (T, α, β, γ) that meets your fidelity target on prompts from your corpus; write sift.toml."""
+    from ..corpus import corpus_format
+    from ..lab.eval.calibrate import Target, calibrate_corpus
+
+    pts = _points(points, tiles, alphas, betas, gammas)
+    res = calibrate_corpus(_model(model, device, dtype, threads), corpus, pts, Target(max_kl, min_agreement, min_recall),
+                           corpus_format(id_field, text_field, title_field, template), n_prompts, docs_per_prompt,
+                           queries, seed, backend, block_m, block_n, max_new_tokens, config_out, dry_run,
+                           progress_bar=_bars(as_json))
+    if as_json:
+        print_json(res)
+    else:
+        render_calibrate(res)
+    if res["chosen"] is None:
+        raise typer.Exit(1)
+
+
+def render_calibrate(res: dict) -> None:
+    out.print(f"[bold]calibrate[/]: target {res['target']}; {res['prompt_set']['prompts']} prompts of "
+              f"{res['prompt_set']['docs_per_prompt']} documents ({res['dense_tokens']} tokens); "
+              f"{len(res['candidates'])} candidates, {len(res['evaluated'])} evaluated (sparsest first)")
+    t = Table(show_edge=False)
+    for c in ("T", "α", "β", "γ", "density", "KL mean", "first token", "recall", "meets target"):
+        t.add_column(c, justify="right")
+    for p in res["evaluated"]:
+        t.add_row(str(p["tile_size"]), f"{p['alpha']:g}", f"{p['beta']:g}", f"{p['gamma']:g}", f"{p['density']:.3f}",
+                  fmt(p["kl_mean"], 2), pct(p["first_token_agreement"]), pct(p.get("recall")),
+                  "[green]yes[/]" if p["meets_target"] else "no")
+    out.print(t)
+    c = res["chosen"]
+    if c is None:
+        err.print("[red]no candidate meets the target[/]: loosen it or add denser candidates (smaller α/β/γ); "
+                  "nothing written")
+        return
+    out.print(f"chosen: T={c['tile_size']} α={c['alpha']:g} β={c['beta']:g} γ={c['gamma']:g} — computes "
+              f"{pct(c['density'])} of causal attention cells")
+    if res.get("config"):
+        out.print(f"wrote {res['config']}: `sift profile` uses these thresholds by default")

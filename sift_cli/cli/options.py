@@ -1,0 +1,18 @@
+"""Options several commands share, defined once."""
+
+import typer
+
+ModelOpt = typer.Option(None, "--model", help="HF model id (offline cache), local directory or .gguf file; "
+                                              "default: the bundled SmolLM2-135M-Instruct GGUF")
+DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
+DtypeOpt = typer.Option("auto", "--dtype", help="model dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+JsonOpt = typer.Option(False, "--json", help="print one JSON object on stdout")
+TrustOpt = typer.Option(False, "--trust-remote-code", help="allow model code from the checkpoint (off by default)")
+OnlineOpt = typer.Option(False, "--online", help="allow downloading the model from the Hugging Face Hub")
+PlotOpt = typer.Option(None, "--plot", help="write a figure to this .png (needs matplotlib)")
+DataOpt = typer.Option(None, "--data-dir", help="folder with nq-open-oracle.jsonl.gz and paul-graham-essays/ "
+                                                "(default: $SIFT_DATA_DIR or ../shared/data)")
+WorkOpt = typer.Option(None, "--work", help="work directory for the profiled documents (default: under the sift cache)")
+ThreadsOpt = typer.Option(0, "--threads", help="CPU threads for torch (0: torch's default; 1 is faster on a busy "
+                                               "machine)")
+BackendOpt = typer.Option("auto", "--backend", help="auto, reference, flex or cuda")

@@ -1,0 +1,109 @@
+"""`sift profile`: one worker in this process (its rank from flags, torchrun or Slurm), or `--gpus N` local
+workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from .console import err, out, print_json, progress
+from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
+
+
+def profile(
+    ctx: typer.Context,
+    corpus: str = typer.Argument(..., help="directory of .txt/.md, .jsonl[.gz|.zst], .parquet, "
+                                           "or builtin:stdlib-docs"),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="shard directory (created; resumable)"),
+    model: Optional[str] = ModelOpt,
+    tile: Optional[int] = typer.Option(None, "--tile", help="tile/page size T (power of two, 16..256; default 64 "
+                                                            "or sift.toml's)"),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="LA threshold: a tile is kept if any probability "
+                                                                ">= alpha (default 0.001 or sift.toml's)"),
+    beta: Optional[float] = typer.Option(None, "--beta", help="CA score threshold (default 0.01 or sift.toml's)"),
+    gamma: Optional[float] = typer.Option(None, "--gamma", help="CA concentration threshold (default 0.10 or "
+                                                                "sift.toml's)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="thresholds file written by `sift calibrate` "
+                                                                  "(default: $SIFT_CONFIG, else ./sift.toml)"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    batch_tokens: int = typer.Option(0, "--batch-tokens", help="padded tokens per forward batch "
+                                                               "(0: 16384 on CPU, 65536 on GPU)"),
+    num_shards: Optional[int] = typer.Option(None, "--num-shards", help="number of shard files (hash buckets); "
+                                                                         "default: one per --docs-per-shard docs"),
+    docs_per_shard: int = typer.Option(1000, "--docs-per-shard"),
+    strict: bool = typer.Option(False, "--strict", help="fail on documents longer than the model's context "
+                                                        "instead of skipping them"),
+    id_field: str = typer.Option("id", "--id-field", help="JSONL/Parquet id field"),
+    text_field: str = typer.Option("text", "--text-field", help="JSONL/Parquet text field"),
+    title_field: str = typer.Option("title", "--title-field", help="JSONL/Parquet title field (optional)"),
+    template: Optional[str] = typer.Option(None, "--template", help="document template with {title}, {text}, "
+                                                                     "{id}; default 'Title: {title}\\n{text}\\n\\n'"),
+    prefix_text: Optional[str] = typer.Option(None, "--prefix-text", help="prompt prefix text (default: the "
+                                                                           "chat template up to the user turn)"),
+    stats: str = typer.Option("auto", "--stats", help="attention statistics: auto (triton on CUDA), torch "
+                                                      "(reference), triton"),
+    rank: Optional[int] = typer.Option(None, "--rank", help="this worker's rank (default: from torchrun or Slurm "
+                                                            "variables, else 0); it profiles shards s % world == rank"),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="number of workers (with --rank)"),
+    gpus: int = typer.Option(0, "--gpus", help="launch N local workers, one per GPU, and wait for all"),
+    trust_remote_code: bool = TrustOpt,
+    online: bool = OnlineOpt,
+    as_json: bool = JsonOpt,
+):
+    """Profile every document of CORPUS into Parquet bit-vector shards under --out."""
+    from ..corpus import corpus_format
+    from ..launch.local import CHILD_DROPS, command_argv, profile_with_local_workers
+    from ..launch.worker import ProfileWorker
+
+    fmt = corpus_format(id_field, text_field, title_field, template)
+    if gpus:
+        total = profile_with_local_workers(command_argv(ctx, CHILD_DROPS), gpus, corpus, out_dir, fmt, num_shards,
+                                           docs_per_shard, device, rank, world_size)
+        return _render_local_workers(total, as_json)
+    worker = ProfileWorker.start(corpus, out_dir, model=model, device=device, dtype=dtype,
+                                 trust_remote_code=trust_remote_code, online=online,
+                                 flags={"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma,
+                                        "batch_tokens": batch_tokens, "stats": stats},
+                                 read_config_file=True, config_file=config, fmt=fmt, num_shards=num_shards,
+                                 docs_per_shard=docs_per_shard, strict=strict, prefix_text=prefix_text, rank=rank,
+                                 world_size=world_size)
+    if worker.config.warning and not as_json:
+        err.print(f"[yellow]warning:[/] {escape(worker.config.warning)}")
+    with progress("profiling", not as_json, unit="tokens") as update:
+        report = worker.run(update)
+    lm, rank_ = worker.lm, worker.rank
+    if as_json:
+        print_json({**report.to_json(), "worker": rank_.to_json(), "device": str(lm.device)})
+        return
+    if rank_.world_size > 1:
+        out.print(f"worker {rank_.rank} of {rank_.world_size} ({rank_.source}): {len(worker.only_shards)} of "
+                  f"{report.num_shards} shards are this worker's")
+    out.print(f"[bold]{report.out}[/]: {report.documents} documents in {report.num_shards} shards")
+    out.print(f"  profiled {report.profiled} documents ({report.tokens} tokens) in {report.seconds:.1f} s "
+              f"= {report.tokens_per_second:,.0f} tokens/s on {lm.device}")
+    if report.reused:
+        out.print(f"  reused {report.reused} documents from {report.shards_reused} finished shards")
+    if report.skipped_too_long:
+        out.print(f"  [yellow]skipped {len(report.skipped_too_long)} documents longer than the model's context "
+                  f"({lm.max_context} tokens)[/]: {', '.join(report.skipped_too_long[:5])}"
+                  + (" ..." if len(report.skipped_too_long) > 5 else ""))
+    if report.manifest:
+        out.print(f"  manifest: {report.manifest}")
+
+
+def _render_local_workers(total: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(total)
+        return
+    out.print(f"[bold]{total['out']}[/]: {total['documents']} documents in {total['num_shards']} shards, "
+              f"{total['workers']} workers")
+    out.print(f"  profiled {total['profiled']} documents ({total['tokens']} tokens) in {total['seconds']:.1f} s "
+              f"= {total['tokens_per_second']:,.0f} tokens/s")
+    if total["reused"]:
+        out.print(f"  reused {total['reused']} documents from {total['shards_reused']} finished shards")
+    if total["manifest"]:
+        out.print(f"  manifest: {total['manifest']}")

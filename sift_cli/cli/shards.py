@@ -1,0 +1,102 @@
+"""Shard commands: `sift inspect`, `sift validate`, `sift status` and `sift sample-corpus`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .console import err, human_bytes, out, pct, print_json
+from .options import JsonOpt
+
+
+def inspect(
+    path: Path = typer.Argument(..., help="a shard file or a shard directory"),
+    doc: Optional[str] = typer.Option(None, "--doc", help="draw this document's tile map"),
+    layer: int = typer.Option(0, "--layer"),
+    head: int = typer.Option(0, "--head"),
+    as_json: bool = JsonOpt,
+):
+    """Sparsity statistics of shards (overall and per layer) and metadata size against the KV cache."""
+    from ..shards.inspection import draw_tile_map, inspect_shards, tile_map
+
+    if doc is not None:
+        tm = tile_map(path, doc, layer, head)
+        if as_json:
+            print_json(tm)
+        else:
+            out.print(draw_tile_map(tm))
+        return
+    s = inspect_shards(path)
+    if as_json:
+        print_json(s)
+        return
+    out.print(f"[bold]{s['path']}[/]: {s['files']} files, {s['documents']} documents, {s['tokens']:,} tokens "
+              f"(per document {s['tokens_min']}..{s['tokens_max']}, mean {s['tokens_mean']:.0f})")
+    out.print(f"  model {s['model']['name']}  ({s['n_layers']} layers × {s['n_heads']} heads, "
+              f"{s['n_kv_heads']} KV heads, head_dim {s['head_dim']})")
+    out.print(f"  T={s['tile_size']}  α={s['alpha']}  β={s['beta']}  γ={s['gamma']}  "
+              f"tiles {s['tiles']:,}  pages {s['pages']:,}")
+    out.print(f"  LA density {pct(s['la_density'])}   CA density {pct(s['ca_density'])}")
+    out.print(f"  metadata {human_bytes(s['metadata_bytes'])} ({human_bytes(s['shard_bytes_on_disk'])} on disk "
+              f"with tokens) vs KV cache {human_bytes(s['kv_cache_bytes_bf16'])} (bf16): "
+              f"{s['kv_to_metadata_ratio'] or 0:,.0f}× smaller")
+    table = Table(title=escape("per layer (mean over heads, [min..max])"), show_edge=False)
+    for col in ("layer", "LA density", "LA spread", "CA density", "CA spread"):
+        table.add_column(col, justify="right")
+    for r in s["per_layer"]:
+        table.add_row(str(r["layer"]), pct(r["la_density"]), f"{pct(r['la_min'])}..{pct(r['la_max'])}",
+                      pct(r["ca_density"]), f"{pct(r['ca_min'])}..{pct(r['ca_max'])}")
+    out.print(table)
+
+
+def validate(
+    path: Path = typer.Argument(..., help="a shard file or a shard directory"),
+    as_json: bool = JsonOpt,
+):
+    """Check shards: schema, bit-vector lengths, token hashes, duplicates, metadata, manifest. Exit 1 on problems."""
+    from ..shards.validate import validate_path
+
+    result = validate_path(path)
+    if as_json:
+        print_json(result)
+    elif result["ok"]:
+        out.print(f"[green]ok[/]: {result['path']}: {result['files']} files, {result['documents']} documents")
+    else:
+        err.print(f"[red]{len(result['problems'])} problems[/] in {result['path']}:")
+        for p in result["problems"]:
+            err.print(f"  - {escape(p)}")
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
+def status(
+    path: Path = typer.Argument(..., help="a shard directory"),
+    finalize: bool = typer.Option(False, "--finalize", help="write the manifest when every shard is done"),
+    as_json: bool = JsonOpt,
+):
+    """Which shards of a directory are done, in progress (held by a live worker) and missing; --finalize writes
+    the manifest (and removes leftover lock and temporary files)."""
+    from ..shards.status import shard_status
+
+    result = shard_status(path, finalize)
+    n, missing, running = result["num_shards"], result["missing"], result["running"]
+    if as_json:
+        print_json(result)
+    else:
+        out.print(f"{path}: {result['done']}/{n} shards done" + (f"; missing {missing[:10]}" if missing else "")
+                  + (f" ({len(running)} in progress: {running[:10]})" if running else "")
+                  + (f"; manifest {result['manifest']}" if result["manifest"] else "; no manifest yet"))
+    if missing and not as_json:
+        raise typer.Exit(3)
+
+
+def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):
+    """Write the built-in sample corpus (Python standard-library documentation) to a directory."""
+    from ..sample import write_sample_corpus
+
+    p = write_sample_corpus(directory)
+    out.print(f"wrote {len(list(p.glob('*.txt')))} documents to {p}")
