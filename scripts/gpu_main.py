@@ -124,7 +124,7 @@ def attention_breakdown(lm, data, work, limit=0):
     """Where SIFT's forward time goes at 8K: per-layer kernel time (events) vs host time, against dense SDPA."""
     import torch.nn.functional as F
 
-    from sift_cli.attention import get_backend
+    from sift_cli.attention.backends import get_backend
     from sift_cli.prefill import decode_all_layers
     from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet

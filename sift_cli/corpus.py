@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import pyarrow.parquet as pq
+import zstandard
+
 from .errors import SiftError
 
 TEXT_SUFFIXES = (".txt", ".md")
@@ -113,8 +116,6 @@ def _open_text(path: Path) -> io.TextIOBase:
     if path.name.endswith(".gz"):
         raw = gzip.open(path, "rb")
     elif path.name.endswith(".zst"):
-        import zstandard
-
         raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"))
     else:
         raw = open(path, "rb")
@@ -162,8 +163,6 @@ def _read_jsonl(path: Path, fmt: CorpusFormat) -> Iterator[Document]:
 
 
 def _read_parquet(path: Path, fmt: CorpusFormat) -> Iterator[Document]:
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(path)
     except Exception as exc:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .attention import get_backend
+from .attention.backends import get_backend
 from .attention.base import BlockLists
 from .attention.cuda import CudaBackend
 from .attention.integration import prepare_plan, sparse_attention

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..cuda.attention import sparse_attention_forward
 from ..errors import SiftError
 from .base import BlockLists
 
@@ -33,8 +34,6 @@ class CudaBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists, scale: float,
                 return_lse: bool = False):
-        from ..cuda.attention import sparse_attention_forward
-
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
         return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pingpong=self.pingpong)

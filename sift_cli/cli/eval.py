@@ -349,7 +349,8 @@ def calibrate(
     from ..lab.eval.calibrate import Target, calibrate_corpus
 
     pts = _points(points, tiles, alphas, betas, gammas)
-    res = calibrate_corpus(_model(model, device, dtype, threads), corpus, pts, Target(max_kl, min_agreement, min_recall),
+    target = Target(max_kl, min_agreement, min_recall)
+    res = calibrate_corpus(_model(model, device, dtype, threads), corpus, pts, target,
                            corpus_format(id_field, text_field, title_field, template), n_prompts, docs_per_prompt,
                            queries, seed, backend, block_m, block_n, max_new_tokens, config_out, dry_run,
                            progress_bar=_bars(as_json))

@@ -27,6 +27,7 @@ Triton is imported lazily; the kernels are jitted on first use, honouring ``TRIT
 """
 
 import functools
+import math
 import os
 
 import torch
@@ -179,8 +180,6 @@ def _prepare(x: torch.Tensor) -> torch.Tensor:
 def row_thresholds(q: torch.Tensor, k: torch.Tensor, prefix_len: int, lengths: torch.Tensor, n_max: int,
                    scale: float, alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per doc row, the score thresholds (t_α, t_β) fp32 [B, H, n_max], with the Triton kernel."""
-    import math
-
     B, H, _, D = q.shape
     q, k = _prepare(q), _prepare(k)
     ta = torch.empty(B, H, max(1, n_max), dtype=torch.float32, device=q.device)
@@ -203,8 +202,6 @@ def row_thresholds(q: torch.Tensor, k: torch.Tensor, prefix_len: int, lengths: t
 def torch_row_thresholds(q: torch.Tensor, k: torch.Tensor, prefix_len: int, lengths: list[int], scale: float,
                          alpha: float, beta: float, rows_per_chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """The same thresholds as :func:`row_thresholds` in plain fp32 torch, in row chunks (CPU-checkable)."""
-    import math
-
     B, H, S, _ = q.shape
     group = H // k.shape[1]
     ln_a = math.log(alpha) if alpha > 0 else float("-inf")

@@ -66,7 +66,7 @@ def test_flex_on_decoded_bits():
 @pytest.mark.parametrize("backend", ["flex", "cuda"])
 def test_backends_on_masks_from_real_profiles(tmp_path, tiny_lm, small_corpus, backend):
     """Layouts decoded from bits that `sift profile` wrote (a real model's attention), not random ones."""
-    from sift_cli.attention import get_backend
+    from sift_cli.attention.backends import get_backend
     from sift_cli.profile.job import profile_corpus
     from sift_cli.config import ProfileConfig
     from sift_cli.prompt import assemble

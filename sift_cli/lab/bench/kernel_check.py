@@ -21,6 +21,7 @@ import torch
 
 from ...block_lists import decode_layer
 from ...cuda.checks import attention_case, decode_case, make_block_lists, random_block_lists, random_case_bits
+from .attention_kernels import block_lists_flops, markdown, run_kernel_bench, sift_fn, time_ms
 
 _LOG = []
 
@@ -104,8 +105,6 @@ def decode_sweep() -> list[dict]:
 
 def variant_timings(log=log) -> list[dict]:
     """Time kernel variants (pipeline knobs) at L = 16K, dense and 10% blocks: what each stage costs."""
-    from .attention_kernels import block_lists_flops, sift_fn, time_ms
-
     rows = []
     L = 16384
     for H, hkv, D in ((32, 8, 128), (9, 3, 64)):
@@ -210,8 +209,6 @@ def main(argv=None) -> int:
             log("VARIANTS CRASHED:\n" + traceback.format_exc())
     if args.bench != "none":
         try:
-            from .attention_kernels import markdown, run_kernel_bench
-
             def save(rows):
                 with open(os.path.join(args.out, "bench.json"), "w") as f:
                     json.dump(rows, f, indent=1)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ...attention import get_backend
+from ...attention.backends import get_backend
 from ...attention.cuda import CudaBackend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...attention.swap import swapped_attention

@@ -36,7 +36,7 @@ from rich.table import Table
 
 from ...config import resolve_profile_config
 from ...corpus import CorpusFormat, load_documents
-from ...models import prefix_token_ids, tokenize_documents
+from ...models import load_model, prefix_token_ids, tokenize_documents
 from ...profile.batches import padded_batch, plan_batches
 from ...profile.job import profile_corpus
 from ...shards.files import list_parts
@@ -174,8 +174,6 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
         try:
             data = find_data(data_dir)
             if smol is None:
-                from ...models import load_model
-
                 smol = load_model(None, device=device)
             name = "SmolLM2-135M-Instruct"
             if "nq" in cases:
@@ -188,8 +186,6 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                          "error": f"{type(exc).__name__}: {exc}"[:300]})
     llama_cases = [c for c in ("8b-2k", "8b-8k") if c in cases]
     if llama_cases:
-        from ...corpus import CorpusFormat
-
         conf = llama_config or LLAMA3_8B_CONFIG
         lm = llama
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention import get_backend
+from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 
 

@@ -35,7 +35,7 @@ from ...errors import SiftError
 from ...prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
 from ..runs import ModelSpec, ProgressBar, append_result, no_progress, read_results, run_metadata
 from .backend import eval_backend
-from .kvreuse import cacheblend_prefill, inv_freq_of, kv_reuse_prefill, reused_kv, standalone_kv
+from .kvreuse import cacheblend_prefill, inv_freq_of, is_llama_family, kv_reuse_prefill, reused_kv, standalone_kv
 from .prompt_sets import PromptSet, PromptSpec, compose, ensure_shards
 from .qa_records import build_nq_records, gold_position, read_qa_records, records_prompt_set, sample_records
 from .static import matched_block_lists
@@ -174,8 +174,6 @@ def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_token
         modes = ("full", *modes)
     backend = backend or eval_backend("auto", lm.device)
     if ("kv-reuse" in modes or "cacheblend" in modes):
-        from .kvreuse import is_llama_family
-
         if not is_llama_family(lm.model):
             raise SiftError("kv-reuse / cacheblend need a Llama-family model (q/k/v/o projections + RoPE); "
                             "leave them out with --modes")
