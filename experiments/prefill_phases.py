@@ -1,10 +1,10 @@
-"""Issue 6 on the H200: `bench prefill` for the Llama-3-8B-shaped model (random bf16 weights, published config) at
+"""`sift bench prefill` in phases on one H200: the Llama-3-8B-shaped model (random bf16 weights, published config) at
 8K/16K/32K/64K with tile patterns drawn at the paper's densities (LA 27.3%, CA 5.8%) — full recompute with SDPA
 pinned to cuDNN, SIFT (cuda backend if it imports, else flex), CacheBlend (KV streamed from pinned host memory;
 SSD read modelled) — with NVML energy; then SmolLM2 at 8K with real profiles; then, as time allows, SIFT with
 FlexAttention on the 8B-shaped model and the 8B-shaped model with patterns sampled from SmolLM2 profiles.
 
-    PYTHONPATH=. python3 scripts/gpu_issue6.py --gguf PATH --data DIR --out $OUT/issue6.json
+    python experiments/prefill_phases.py --gguf PATH --data DIR --out $OUT/prefill-phases.json
 
 --gguf: the SmolLM2 checkpoint: a .gguf file (needs the `gguf` package) or the dequantised safetensors directory
 sift caches (~/.cache/sift/gguf/<sha>/). --data: the folder with paul-graham-essays/. Each case runs under its
@@ -23,6 +23,10 @@ import time
 import traceback
 from pathlib import Path
 
+import torch
+
+from sift_cli.lab.bench import prefill as bp
+
 T0 = time.perf_counter()
 
 
@@ -34,7 +38,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--data", default=None)
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "issue6.json"))
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "prefill-phases.json"))
     ap.add_argument("--budget", type=float, default=225.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--aligned-only", default=None, help="comma-separated lengths: only full vs SIFT on the 8B-shaped "
@@ -43,9 +47,7 @@ def main() -> int:
     args = ap.parse_args()
     deadline = T0 + args.budget
 
-    import torch
 
-    from sift_cli.lab.bench import prefill as bp
 
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +211,7 @@ def main() -> int:
 
 
 def print_table(result):
-    print("\n== issue 6: bench prefill on", result["env"].get("gpu"), "==")
+    print("\n== bench prefill on", result["env"].get("gpu"), "==")
     hdr = f"{'model':<26} {'bits':<30} {'L':>6} {'mode':<13} {'TTFT ms':>9} {'attn ms':>8} {'dens':>6} " \
           f"{'×full':>6} {'/ideal':>7} {'J':>7} {'tok/J':>7} {'ED2P':>8}"
     print(hdr)

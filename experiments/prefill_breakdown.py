@@ -1,7 +1,7 @@
-"""One device run for the foundation and prefill issues: profiling throughput and sparse-prefill TTFT of the
+"""Profiling throughput and sparse-prefill TTFT of the
 bundled SmolLM2 on real essays, on whatever GPU this runs on. Prints a compact table last; JSON to --out.
 
-    PYTHONPATH=. python3 scripts/gpu_main.py --gguf /tmp/w/SmolLM2-135M-Instruct.Q4_1.gguf --data DIR --out F
+    python experiments/prefill_breakdown.py --gguf /tmp/w/SmolLM2-135M-Instruct.Q4_1.gguf --data DIR --out F
 """
 
 from __future__ import annotations
@@ -14,21 +14,34 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+
+from sift_cli.attention import integration
+from sift_cli.attention.backends import get_backend
+from sift_cli.config import GPU_DEFAULTS, ProfileConfig
+from sift_cli.corpus import load_documents
+from sift_cli.lab.datasets import essay_records, long_essays, write_jsonl
+from sift_cli.models import load_model, prefix_token_ids, tokenize_documents
+from sift_cli.prefill import decode_all_layers, run_prefill
+from sift_cli.profile.forward import causal_sdpa
+from sift_cli.profile.job import profile_corpus
+from sift_cli.prompt import assemble
+from sift_cli.shards.inspection import inspect_shards
+from sift_cli.shards.reader import ShardSet
+
+ON_GPU = asdict(GPU_DEFAULTS)  # the batch and statistics budget of a GPU run
 
 
 def essays_cut(data, words):
-    from sift_cli.lab.datasets import essay_records, long_essays
-
     return long_essays(essay_records(data, words), words)
 
 
 def joined_docs(data, n_docs, words):
     """Long documents made of consecutive whole essays, cut at `words` words."""
-    from sift_cli.lab.datasets import essay_records
-
     recs = essay_records(data, 100000)
     out, buf, i = [], [], 0
     while len(out) < n_docs and i < len(recs):
@@ -62,16 +75,8 @@ def dense_throughput(lm, prefix, docs_tokens, repeat=3):
 
 
 def profile_case(lm, name, records, work):
-    from sift_cli.lab.datasets import write_jsonl
-    from sift_cli.models import tokenize_documents
-    from sift_cli.profile.job import profile_corpus
-    from sift_cli.corpus import load_documents
-    from sift_cli.models import prefix_token_ids
-    from sift_cli.config import ProfileConfig
-    from sift_cli.shards.inspection import inspect_shards
-
     corpus = write_jsonl(records, work / f"{name}.jsonl")
-    cfg = ProfileConfig(batch_tokens=65536, stats_budget_bytes=2 << 30)
+    cfg = ProfileConfig(**ON_GPU)
     # warm-up on a throwaway directory (allocator, kernels)
     profile_corpus(corpus, work / f"{name}-warm", lm, cfg, num_shards=1)
     _sync()
@@ -88,16 +93,9 @@ def profile_case(lm, name, records, work):
 
 
 def ttft_cases(lm, data, work, repeat, limit=0):
-    from sift_cli.lab.datasets import write_jsonl
-    from sift_cli.profile.job import profile_corpus
-    from sift_cli.prefill import run_prefill
-    from sift_cli.config import ProfileConfig
-    from sift_cli.prompt import assemble
-    from sift_cli.shards.reader import ShardSet
-
     recs = essays_cut(data, 300 if limit else 1450)[: 2 if limit else 12]
     corpus = write_jsonl(recs, work / "essays.jsonl")
-    profile_corpus(corpus, work / "essay-shards", lm, ProfileConfig(batch_tokens=65536, stats_budget_bytes=2 << 30),
+    profile_corpus(corpus, work / "essay-shards", lm, ProfileConfig(**ON_GPU),
                    num_shards=1)
     shards = ShardSet(work / "essay-shards")
     rows = []
@@ -122,13 +120,6 @@ def ttft_cases(lm, data, work, repeat, limit=0):
 
 def attention_breakdown(lm, data, work, limit=0):
     """Where SIFT's forward time goes at 8K: per-layer kernel time (events) vs host time, against dense SDPA."""
-    import torch.nn.functional as F
-
-    from sift_cli.attention.backends import get_backend
-    from sift_cli.prefill import decode_all_layers
-    from sift_cli.prompt import assemble
-    from sift_cli.shards.reader import ShardSet
-
     recs = essays_cut(data, 300 if limit else 1450)[: 2 if limit else 4]
     shards = ShardSet(work / "essay-shards")
     prompt = assemble(shards, lm, [r["id"] for r in recs], "What is the main argument of the first essay?")
@@ -159,8 +150,7 @@ def attention_breakdown(lm, data, work, limit=0):
 
     def dense():
         for _ in block_lists:
-            F.scaled_dot_product_attention(q, k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1),
-                                           is_causal=True, scale=D ** -0.5)
+            causal_sdpa(q, k, v, D ** -0.5)  # the model's stock SDPA path (GQA inside the kernel)
 
     rows["dense_sdpa_30_layers_ms"], rows["dense_host_ms"] = timed(dense)
 
@@ -196,7 +186,6 @@ def attention_breakdown(lm, data, work, limit=0):
         except Exception as exc:
             rows[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
     # whole forwards: stock SDPA, the integration running SDPA itself, the integration with each sparse backend
-    from sift_cli.attention import integration
 
     class SdpaThroughIntegration:
         name = "sdpa-via-integration"
@@ -251,7 +240,6 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="documents per case (0: all); for smoke tests")
     args = ap.parse_args()
     os.environ.setdefault("SIFT_CACHE_DIR", "/tmp/sift-cache")
-    from sift_cli.models import load_model
 
     result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__}
     t = time.time()

@@ -1,8 +1,8 @@
-"""Two GPUs against one (issue 5): the same corpus profiled by one worker and by `--gpus 2`; bits per doc_id must
+"""Two GPUs against one: the same corpus profiled by one worker and by `--gpus 2`; bits per doc_id must
 match and the two-GPU run should take about half the time. Uses a ~0.6B-parameter random-weight Llama built here
 (so no weights travel) and the essays as the corpus.
 
-    PYTHONPATH=. python3 scripts/gpu_two.py --data DIR --out F [--gpus 2] [--device cuda]
+    python experiments/two_gpus.py --data DIR --out F [--gpus 2] [--device cuda]
 """
 
 import argparse
@@ -13,6 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
+from sift_cli.lab.datasets import essay_records, write_jsonl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.helpers builds checkpoints
+from tests.helpers import tiny_checkpoint  # noqa: E402  (a real on-disk checkpoint with a trained tokenizer)
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -22,9 +29,6 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="tiny model and corpus (CPU plumbing check)")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.helpers import tiny_checkpoint
-    from sift_cli.lab.datasets import essay_records, write_jsonl
 
     work = Path(tempfile.mkdtemp(prefix="sift-two-"))
     if args.small:
@@ -47,7 +51,6 @@ def main():
                 result[name]["report"] = json.loads(p.stdout)
             except json.JSONDecodeError:
                 result[name]["stdout"] = p.stdout[-800:]
-    import pyarrow.parquet as pq
 
     def rows(d):
         out = {}

@@ -1,14 +1,14 @@
-"""One device run for issue 5 (profiling at corpus scale), in about 4 minutes on one H200:
+"""Profiling at corpus scale, in one device run of about 4 minutes on one H200:
 
 1. the Triton statistics path against the torch reference path, bit for bit, on real SmolLM2 documents (NQ
    passages and essays); any differing bit is explained with its fp64 distance to the threshold;
 2. the statistics kernels alone against SDPA's attention forward on the same q/k (SmolLM2 and Llama-3-8B shapes);
-3. the profile bench (`sift_cli.bench.profile`): dense prefill vs the whole `sift profile` run with each
+3. the profile bench (`sift bench profile`, `sift_cli.lab.bench.profile`): dense prefill vs the whole `sift profile` run with each
    statistics path, for SmolLM2 on NQ passages and essays and a Llama-3-8B-shaped random-weight model on 2K- and
    8K-token documents.
 
-    PYTHONPATH=. python3 scripts/gpu_issue5.py --gguf /path/SmolLM2-135M-Instruct.Q4_1.gguf --data DIR \
-        --out $OUT/issue5.json
+    python experiments/profile_statistics.py --gguf /path/SmolLM2-135M-Instruct.Q4_1.gguf --data DIR \
+        --out $OUT/profile-statistics.json
 
 A failing part or case is reported and the run goes on. JSON to --out (also written after each part); a compact
 table is printed last.
@@ -17,15 +17,36 @@ table is printed last.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
+import shutil
 import sys
+import tempfile
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
+from sift_cli.config import GPU_DEFAULTS, ProfileConfig
+from sift_cli.corpus import CorpusFormat, load_documents
+from sift_cli.lab.bench import profile as bp
+from sift_cli.lab.bench.profile import essay_case_records, nq_case_records
+from sift_cli.lab.datasets import write_jsonl
+from sift_cli.lab.eval.probe import probe_forward
+from sift_cli.models import load_model, prefix_token_ids, tokenize_documents
+from sift_cli.profile import triton_statistics as st
+from sift_cli.profile.batches import plan_batches
+from sift_cli.profile.forward import causal_sdpa, profile_batch
+from sift_cli.profile.job import profile_corpus
+from sift_cli.profile.statistics import doc_attention_bits
+
+ON_GPU = asdict(GPU_DEFAULTS)  # the batch and statistics budget of a GPU run
 T0 = time.time()
 
 
@@ -47,30 +68,16 @@ def sync():
 # ----------------------------------------------------------------------------------------------------------
 
 def capture_qk(model, ids: list[int], layer: int):
-    """Post-RoPE q [H, S, D] and k [H_kv, S, D] of one layer for one sequence."""
-    import torch.nn.functional as F
-    from transformers import AttentionInterface
-
+    """Post-RoPE q [H, S, D] and k [H_kv, S, D] of one layer for one sequence, from the same dense forward as the
+    profiling forward (the evaluation probe)."""
     got = {}
 
-    def attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
-        if module.layer_idx == layer:
-            got["q"], got["k"], got["scale"] = query[0].clone(), key[0].clone(), scaling
-        g = query.shape[1] // key.shape[1]
-        out = F.scaled_dot_product_attention(query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1),
-                                             is_causal=True, scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
+    def grab(at, q, k, scale):
+        if at == layer:
+            got["q"], got["k"], got["scale"] = q.clone(), k.clone(), scale
 
-    AttentionInterface.register("sift_capture", attn)
-    prev = model.config._attn_implementation
-    model.set_attn_implementation("sift_capture")
-    try:
-        with torch.inference_mode():
-            getattr(model, "model", model)(input_ids=torch.tensor([ids], device=next(model.parameters()).device),
-                                           use_cache=False)
-    finally:
-        model.set_attn_implementation(prev)
-    return got["q"], got["k"], got["scale"] or got["q"].shape[-1] ** -0.5
+    probe_forward(model, ids, grab)
+    return got["q"], got["k"], got["scale"]
 
 
 def explain(model, prefix, doc, layer, cfg, fast, ref):
@@ -105,28 +112,17 @@ def explain(model, prefix, doc, layer, cfg, fast, ref):
 
 
 def bits_check(lm, data, n_nq=24, n_essays=4, fast_stats="triton"):
-    import tempfile
-
-    from sift_cli.lab.bench.profile import essay_case_records, nq_case_records
-    from sift_cli.corpus import load_documents
-    from sift_cli.lab.datasets import write_jsonl
-    from sift_cli.models import tokenize_documents
-    from sift_cli.models import prefix_token_ids
-    from sift_cli.config import ProfileConfig
-    from sift_cli.profile.batches import plan_batches
-    from sift_cli.profile.forward import profile_batch
-
     recs = nq_case_records(data, n_nq) + essay_case_records(data, n_essays)
     corpus = write_jsonl(recs, Path(tempfile.mkdtemp(prefix="sift-bits-")) / "docs.jsonl")
     toks = tokenize_documents(lm.tokenizer, load_documents(corpus))
     prefix = prefix_token_ids(lm.tokenizer)
     result = {"docs": len(toks), "tokens": sum(map(len, toks)), "per_tile": []}
     for tile in (64, 16):
-        cfg_fast = ProfileConfig(tile=tile, batch_tokens=65536, stats_budget_bytes=2 << 30, stats=fast_stats)
-        cfg_ref = ProfileConfig(tile=tile, batch_tokens=65536, stats_budget_bytes=2 << 30, stats="torch")
+        cfg_fast = ProfileConfig(tile=tile, stats=fast_stats, **ON_GPU)
+        cfg_ref = ProfileConfig(tile=tile, stats="torch", **ON_GPU)
         same_docs, la_diff, ca_diff, la_bits, ca_bits, details = 0, 0, 0, 0, 0, []
         t_fast = t_ref = 0.0
-        for batch in plan_batches([len(t) for t in toks], len(prefix), 65536):
+        for batch in plan_batches([len(t) for t in toks], len(prefix), GPU_DEFAULTS.batch_tokens):
             group = [toks[i] for i in batch]
             sync()
             t = time.perf_counter()
@@ -166,12 +162,6 @@ def bits_check(lm, data, n_nq=24, n_essays=4, fast_stats="triton"):
 # ----------------------------------------------------------------------------------------------------------
 
 def kernel_timing():
-    import torch.nn.functional as F
-
-    from sift_cli.profile import triton_statistics as st
-    from sift_cli.config import ProfileConfig
-    from sift_cli.profile.statistics import doc_attention_bits
-
     def ms(fn, reps=10):
         fn()
         torch.cuda.synchronize()
@@ -197,9 +187,7 @@ def kernel_timing():
             lens = [n] * B
             lens_dev = torch.tensor(lens, dtype=torch.int32, device="cuda")
             scale = D ** -0.5
-            g = H // Hkv
-            t_sdpa = ms(lambda: F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1),
-                                                               v.repeat_interleave(g, 1), is_causal=True))
+            t_sdpa = ms(lambda: causal_sdpa(q, k, v, scale))  # the profiling forward's own SDPA call
             t_thr = ms(lambda: st.row_thresholds(q, k, P, lens_dev, n, scale, cfg.alpha, cfg.beta))
             t_all = ms(lambda: st.batch_attention_bits(q, k, P, lens, scale, cfg, lengths_dev=lens_dev))
             t_ref = ms(lambda: [doc_attention_bits(q[b], k[b], P, n, scale, cfg) for b in range(min(B, 4))],
@@ -222,19 +210,8 @@ def kernel_timing():
 def where_time_goes(lm, data, n_docs: int, work: Path, top: int = 30, stats: str = "triton") -> str:
     """One whole NQ-passage profile run (Triton stats) under cProfile (host time by function), then one under the
     torch profiler (GPU time by kernel); both as text."""
-    import cProfile
-    import io
-    import pstats
-    import shutil
-
-    from sift_cli.lab.bench.profile import nq_case_records
-    from sift_cli.corpus import CorpusFormat
-    from sift_cli.lab.datasets import write_jsonl
-    from sift_cli.profile.job import profile_corpus
-    from sift_cli.config import ProfileConfig
-
     corpus = write_jsonl(nq_case_records(data, n_docs), work / "nq-prof.jsonl")
-    cfg = ProfileConfig(batch_tokens=65536, stats_budget_bytes=2 << 30, stats=stats)
+    cfg = ProfileConfig(stats=stats, **ON_GPU)
     text = io.StringIO()
 
     def run(dest):
@@ -255,7 +232,6 @@ def where_time_goes(lm, data, n_docs: int, work: Path, top: int = 30, stats: str
     text.write(f"cProfile run: {rep.tokens_per_second:,.0f} tok/s (with profiler overhead), wall {wall:.3f} s\n")
     for key in ("tottime", "cumulative"):
         pstats.Stats(pr, stream=text).sort_stats(key).print_stats(top)
-    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         rep, wall = run(work / "nq-prof-torch")
@@ -283,8 +259,6 @@ def main():
     if args.smoke:
         args.quick = True
     os.environ.setdefault("SIFT_CACHE_DIR", "/tmp/sift-cache")
-    from sift_cli.lab.bench import profile as bp
-    from sift_cli.models import load_model
 
     result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__}
@@ -381,7 +355,7 @@ def main():
         result["bench"] = rows
         save()
 
-    print("\n== issue 5: Triton statistics vs torch reference (SmolLM2, real documents) ==")
+    print("\n== Triton statistics vs torch reference (SmolLM2, real documents) ==")
     bits = result.get("bits", {})
     for t in bits.get("per_tile", []):
         print(f"T={t['tile']}: {t['docs_identical']}/{bits['docs']} docs identical; LA bits differing "

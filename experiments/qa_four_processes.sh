@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 6 on one H200: `sift eval qa` on NQ prompts of 10 and 20 passages, every mode, in four processes at once
+# `sift eval qa` on one H200 on NQ prompts of 10 and 20 passages, every mode, in four processes at once
 # (SmolLM2 at these lengths is launch-bound, so they share the GPU without slowing each other much):
 #   fp32 model + the reference backend (the method's own accuracy, no bf16 rounding between full and sift), and
 #   bf16 model + the CUDA kernels (what `sift prefill` runs by default on a Hopper GPU).
 # Per-question results are appended to $OUT/qa-<dtype>-<n>.jsonl as they finish, so the time limit keeps what
-# finished. Usage: scripts/gpu_qa.sh GGUF DATA_DIR QUESTIONS SECONDS
+# finished. Usage: experiments/qa_four_processes.sh GGUF DATA_DIR QUESTIONS SECONDS
 set -u
 gguf=$1 data=$2 questions=$3 seconds=$4
 export SIFT_CACHE_DIR=${SIFT_CACHE_DIR:-/tmp/sift-cache} PYTHONUNBUFFERED=1
