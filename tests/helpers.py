@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import numpy as np
 import torch
 
@@ -88,3 +91,14 @@ def tiny_checkpoint(directory, seed=0, layers=2, heads=4, kv_heads=2, head_dim=1
     model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = 1, 2, 0
     model.save_pretrained(directory)
     return directory
+
+
+@contextlib.contextmanager
+def command_line(*args):
+    """sys.argv as `sift ARGS…` for the length of the block."""
+    old = sys.argv
+    sys.argv = ["sift", *map(str, args)]
+    try:
+        yield
+    finally:
+        sys.argv = old

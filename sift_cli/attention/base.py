@@ -86,13 +86,6 @@ def causal_block_count(seq_len: int, block_m: int, block_n: int) -> int:
 class AttentionBackend(Protocol):
     name: str
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        blocks: BlockLists,
-        scale: float,
-        return_lse: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists, scale: float,
+                return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ...

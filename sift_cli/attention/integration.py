@@ -8,7 +8,6 @@ the KV cache the sparse prefill wrote.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -62,12 +61,6 @@ def prepare_plan(backend, block_lists: list[BlockLists]) -> SparsePlan:
     return SparsePlan(backend, block_lists, [prep(lay) if prep else None for lay in block_lists])
 
 
-@contextlib.contextmanager
 def sparse_attention(model, plan: SparsePlan):
     """Inside the block, the model's forward computes attention block-sparsely as `plan` says."""
-    with swapped_attention(model, ATTN_NAME, sift_attention_forward):
-        _local.plan = plan
-        try:
-            yield
-        finally:
-            _local.plan = None
+    return swapped_attention(model, ATTN_NAME, sift_attention_forward, _local, plan=plan)

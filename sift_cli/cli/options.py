@@ -16,3 +16,12 @@ WorkOpt = typer.Option(None, "--work", help="work directory for the profiled doc
 ThreadsOpt = typer.Option(0, "--threads", help="CPU threads for torch (0: torch's default; 1 is faster on a busy "
                                                "machine)")
 BackendOpt = typer.Option("auto", "--backend", help="auto, reference, flex or cuda")
+# the thresholds and block sizes of the evaluations that profile their own documents
+TileOpt = typer.Option(64, "--tile")
+AlphaOpt = typer.Option(1e-3, "--alpha")
+BetaOpt = typer.Option(1e-2, "--beta")
+GammaOpt = typer.Option(0.10, "--gamma")
+BlockMOpt = typer.Option(128, "--block-m")
+BlockNOpt = typer.Option(64, "--block-n")
+SeedOpt = typer.Option(0, "--seed")
+TilesOpt = typer.Option("32,64", "--tiles")  # the tile sizes a grid of thresholds tries

@@ -106,15 +106,11 @@ def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cf
     n_layers = model.config.num_hidden_layers
     fast = resolve_stats(cfg.stats, device) == "triton"
     lengths = [len(d) for d in docs]
-    with swapped_attention(model, ATTN_NAME, _profile_attention):
-        lengths_dev = to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
-        _state.current = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev)
-        try:
-            base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
-            base(input_ids=to_device(rows, device), use_cache=False)
-            st = _state.current
-        finally:
-            _state.current = None
+    lengths_dev = to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
+    st = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev)
+    with swapped_attention(model, ATTN_NAME, _profile_attention, _state, current=st):
+        base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
+        base(input_ids=to_device(rows, device), use_cache=False)
     if fast:  # all layers folded at once, then packed on the device per group of equal page counts
         from .triton_statistics import fold_bits
 

@@ -10,17 +10,16 @@ import pytest
 from sift_cli.cli import main
 from sift_cli.shards.format import part_name
 
+from ..helpers import command_line
+
 
 def run(capsys, *args):
-    old = sys.argv
-    sys.argv = ["sift", *map(str, args)]
     try:
-        main()
+        with command_line(*args):
+            main()
         code = 0
     except SystemExit as exc:
         code = exc.code or 0
-    finally:
-        sys.argv = old
     cap = capsys.readouterr()
     return code, cap.out, cap.err
 

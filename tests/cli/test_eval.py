@@ -14,7 +14,7 @@ from sift_cli.cli.console import err
 from sift_cli.cli.eval import calibrate, eval_app
 from sift_cli.errors import SiftError
 
-from ..helpers import TRAINING_TEXT
+from ..helpers import TRAINING_TEXT, command_line
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -42,11 +42,10 @@ def _app():
 
 def run(capsys, *args):
     """Like cli.main: SiftError → one error line and its exit code."""
-    old = sys.argv
-    sys.argv = ["sift", *map(str, args)]
     code = 0
     try:
-        rc = _app()(standalone_mode=False)
+        with command_line(*args):
+            rc = _app()(standalone_mode=False)
         code = rc if isinstance(rc, int) else 0
     except SiftError as exc:
         err.print(f"error: {exc}")
@@ -55,8 +54,6 @@ def run(capsys, *args):
         code = exc.exit_code
     except SystemExit as exc:
         code = exc.code or 0
-    finally:
-        sys.argv = old
     cap = capsys.readouterr()
     return code, cap.out, cap.err
 

@@ -6,7 +6,6 @@ q [H, L, D] and k [H_kv, L, D] of batch row 0 and may compute whatever statistic
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import torch
@@ -27,14 +26,9 @@ def _probe_attention(module, query, key, value, attention_mask, scaling=None, dr
     return causal_sdpa(query, key, value, scaling).transpose(1, 2).contiguous(), None
 
 
-@contextlib.contextmanager
 def attention_probe(model, callback):
-    with swapped_attention(model, ATTN_NAME, _probe_attention):
-        _local.callback = callback
-        try:
-            yield
-        finally:
-            _local.callback = None
+    """Inside the block, the model's dense forward hands every layer's q and k to `callback`."""
+    return swapped_attention(model, ATTN_NAME, _probe_attention, _local, callback=callback)
 
 
 @torch.inference_mode()

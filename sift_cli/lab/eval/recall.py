@@ -36,6 +36,14 @@ from .prompt_sets import builtin_prompt_set, compose, ensure_shards, read_prompt
 COUNTS = ("la_cells", "la_high", "la_high_sel", "la_high_blk", "la_sel_cells", "la_tiles", "la_sel_tiles",
           "la_true_tiles", "ca_cells", "ca_high", "ca_high_sel", "ca_high_blk", "ca_sel_cells", "ca_pages",
           "ca_sel_pages", "ca_true_pages", "doc_rows")
+RATIOS = {  # reported name: (numerator count, denominator count)
+    "la_recall": ("la_high_sel", "la_high"), "la_block_recall": ("la_high_blk", "la_high"),
+    "ca_recall": ("ca_high_sel", "ca_high"), "ca_block_recall": ("ca_high_blk", "ca_high"),
+    "la_chosen_density": ("la_sel_cells", "la_cells"), "la_true_density": ("la_high", "la_cells"),
+    "la_chosen_tile_density": ("la_sel_tiles", "la_tiles"), "la_true_tile_density": ("la_true_tiles", "la_tiles"),
+    "ca_chosen_density": ("ca_sel_cells", "ca_cells"), "ca_true_density": ("ca_high", "ca_cells"),
+    "ca_chosen_page_density": ("ca_sel_pages", "ca_pages"), "ca_true_page_density": ("ca_true_pages", "ca_pages"),
+}
 
 
 def doc_masks(prompt: Prompt, layer: int):
@@ -154,21 +162,8 @@ def summarize(c: dict, mass: np.ndarray) -> dict:
 
     def block(sel) -> dict:
         g = {k: v[sel] for k, v in c.items()}
-        out = {
-            "la_recall": _ratio(g["la_high_sel"], g["la_high"]),
-            "la_block_recall": _ratio(g["la_high_blk"], g["la_high"]),
-            "ca_recall": _ratio(g["ca_high_sel"], g["ca_high"]),
-            "ca_block_recall": _ratio(g["ca_high_blk"], g["ca_high"]),
-            "la_chosen_density": _ratio(g["la_sel_cells"], g["la_cells"]),
-            "la_true_density": _ratio(g["la_high"], g["la_cells"]),
-            "la_chosen_tile_density": _ratio(g["la_sel_tiles"], g["la_tiles"]),
-            "la_true_tile_density": _ratio(g["la_true_tiles"], g["la_tiles"]),
-            "ca_chosen_density": _ratio(g["ca_sel_cells"], g["ca_cells"]),
-            "ca_true_density": _ratio(g["ca_high"], g["ca_cells"]),
-            "ca_chosen_page_density": _ratio(g["ca_sel_pages"], g["ca_pages"]),
-            "ca_true_page_density": _ratio(g["ca_true_pages"], g["ca_pages"]),
-            "attention_mass_kept": float(np.sum(mass[sel])) / max(1, int(np.sum(g["doc_rows"]))),
-        }
+        out = {name: _ratio(g[num], g[den]) for name, (num, den) in RATIOS.items()}
+        out["attention_mass_kept"] = float(np.sum(mass[sel])) / max(1, int(np.sum(g["doc_rows"])))
         return out
 
     overall = block(np.s_[:, :])
