@@ -101,7 +101,7 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
 
     only_shards: the buckets this worker owns (None: all). progress(done_tokens, total_tokens) is called as
     batches finish. claim(shard, wait): a context manager yielding whether this process may write that shard now
-    (default: `workers.BucketClaims`, a per-bucket lock in `out`, so concurrent workers never write one shard
+    (default: `launch.claims.BucketClaims`, a per-bucket lock in `out`, so concurrent workers never write one shard
     twice); buckets held elsewhere are retried, waiting, after the others.
     """
     cfg.check()
@@ -119,6 +119,20 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
     meta["sift.num_shards"] = num_shards
     report = ProfileReport(out=str(out), num_shards=num_shards, documents=len(docs))
 
+    plans = _bucket_plans(docs, out, lm, prefix_ids, num_shards, only_shards, strict, report)
+    _profile_buckets(plans, out, lm, cfg, meta, prefix_ids, claim or BucketClaims(out), progress, report)
+
+    if write_index and all((out / part_name(s)).is_file() for s in range(num_shards)):
+        report.manifest = str(write_manifest(out))
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _bucket_plans(docs: list[Document], out: Path, lm: LoadedModel, prefix_ids: list[int], num_shards: int,
+                  only_shards: set[int] | None, strict: bool, report: ProfileReport) -> list[tuple]:
+    """(bucket, [(document, tokens) to profile], [doc_ids skipped as too long]) of every bucket of this worker
+    not finished yet, in bucket order. Everything is tokenised and length-checked before any model work, so
+    --strict fails up front."""
     buckets: dict[int, list[Document]] = {}
     for d in docs:
         buckets.setdefault(shard_of(d.doc_id, num_shards), []).append(d)
@@ -134,7 +148,6 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
         else:
             todo.append((s, members))
 
-    # Tokenise and check lengths of everything still to do before any model work: --strict fails up front.
     limit = lm.max_context
     plans = []
     for s, members in todo:
@@ -150,14 +163,18 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
                 keep.append((d, t))
         report.skipped_too_long.extend(skipped)
         plans.append((s, keep, skipped))
+    return plans
 
+
+def _profile_buckets(plans: list[tuple], out: Path, lm: LoadedModel, cfg: ProfileConfig, meta: dict,
+                     prefix_ids: list[int], claim, progress, report: ProfileReport) -> None:
+    """Profile and write each planned bucket while holding its claim: first the free buckets, then, waiting, those
+    another process was holding (they are usually finished by then)."""
     total_tokens = sum(len(t) for _, keep, _ in plans for _, t in keep)
     done_tokens = 0
-    if claim is None:
-        claim = BucketClaims(out)
     writer = _ShardWriter()
     try:
-        for wait in (False, True):  # first the free buckets; then wait for those another process was holding
+        for wait in (False, True):
             busy = []
             for s, keep, skipped in plans:
                 with contextlib.ExitStack() as held:
@@ -180,11 +197,6 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
             plans = busy
     finally:
         writer.close()  # re-raises a failed write
-
-    if write_index and all((out / part_name(s)).is_file() for s in range(num_shards)):
-        report.manifest = str(write_manifest(out))
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 def _profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens) -> tuple[list[dict], int]:

@@ -74,26 +74,7 @@ def validate_path(path: str | Path) -> dict:
             if rec["doc_id"] in seen:
                 problems.append(f"{where}: duplicate doc_id (also in {seen[rec['doc_id']]})")
             seen[rec["doc_id"]] = p.name
-            n = rec["n_tokens"]
-            if n != len(rec["tokens"]) or n < 1:
-                problems.append(f"{where}: n_tokens {n} but {len(rec['tokens'])} token ids")
-                continue
-            if token_sha256(rec["tokens"]) != rec["token_sha256"]:
-                problems.append(f"{where}: token_sha256 does not match the token ids")
-            P = n_pages(n, T)
-            if len(rec["la_bits"]) != L * H * la_nbytes(P):
-                problems.append(f"{where}: la_bits has {len(rec['la_bits'])} bytes, expected "
-                                f"{L * H * la_nbytes(P)} for {n} tokens at T={T}")
-            else:
-                msg = _la_problems(rec["la_bits"], L * H, P)
-                if msg:
-                    problems.append(f"{where}: {msg}")
-            if len(rec["ca_bits"]) != L * H * ca_nbytes(P):
-                problems.append(f"{where}: ca_bits has {len(rec['ca_bits'])} bytes, expected "
-                                f"{L * H * ca_nbytes(P)} for {n} tokens at T={T}")
-            elif P % 8 and np.unpackbits(np.frombuffer(rec["ca_bits"], np.uint8).reshape(L * H, -1),
-                                         axis=1)[:, P:].any():
-                problems.append(f"{where}: CA padding bits are not zero")
+            problems.extend(f"{where}: {msg}" for msg in _row_problems(rec, L, H, T))
 
     complete = [f for f in opened if all(k in f.meta for k in required_keys())]
     if complete:
@@ -105,6 +86,28 @@ def validate_path(path: str | Path) -> dict:
         if path.is_dir():
             problems.extend(_manifest_problems(path, complete, first.meta))
     return {"ok": not problems, "path": str(path), "files": len(files), "documents": docs, "problems": problems}
+
+
+def _row_problems(rec: dict, L: int, H: int, T: int) -> list[str]:
+    """What is wrong with one row: token count and hash, bit-vector lengths, padding and diagonal bits."""
+    n = rec["n_tokens"]
+    if n != len(rec["tokens"]) or n < 1:
+        return [f"n_tokens {n} but {len(rec['tokens'])} token ids"]
+    out = []
+    if token_sha256(rec["tokens"]) != rec["token_sha256"]:
+        out.append("token_sha256 does not match the token ids")
+    P = n_pages(n, T)
+    if len(rec["la_bits"]) != L * H * la_nbytes(P):
+        out.append(f"la_bits has {len(rec['la_bits'])} bytes, expected {L * H * la_nbytes(P)} for {n} tokens at T={T}")
+    else:
+        msg = _la_problems(rec["la_bits"], L * H, P)
+        if msg:
+            out.append(msg)
+    if len(rec["ca_bits"]) != L * H * ca_nbytes(P):
+        out.append(f"ca_bits has {len(rec['ca_bits'])} bytes, expected {L * H * ca_nbytes(P)} for {n} tokens at T={T}")
+    elif P % 8 and np.unpackbits(np.frombuffer(rec["ca_bits"], np.uint8).reshape(L * H, -1), axis=1)[:, P:].any():
+        out.append("CA padding bits are not zero")
+    return out
 
 
 def _manifest_problems(directory: Path, files: list[ShardFile], meta: dict) -> list[str]:

@@ -1,1 +1,3 @@
-"""Benchmarks (kernel micro-benchmarks; the lead wires `sift bench`)."""
+"""Speed, measured side by side in one process: `attention_kernels` (`sift bench kernels`) and its device check
+`kernel_check`, `profile` (`sift bench profile`), `prefill` with `prefill_cases`, `energy` and `host_kv`
+(`sift bench prefill`), and `llama` (random-weight Llama models of published shapes)."""

@@ -1,4 +1,4 @@
-"""Issue-4 kernel benchmark: cuDNN SDPA (dense causal), FlexAttention (same block mask) and the SIFT CUDA kernel,
+"""`sift bench kernels`: cuDNN SDPA (dense causal), FlexAttention (same block mask) and the SIFT CUDA kernel,
 side by side in one process on the same inputs and masks; plus the bit-vector decode kernel's time per layer.
 
 Throughput is counted over computed (query, key) pairs exactly: FLOPs = 4 · D · Σ causal pairs inside the listed
@@ -204,7 +204,7 @@ def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) ->
 def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities=None, block_ns=BLOCK_NS,
                      flex: bool = True, decode: bool = True, time_budget_s: float | None = None,
                      log=print, checkpoint=None) -> list[dict]:
-    """All rows of the issue-4 table. quick: L = 16K only and densities 100% / 10%."""
+    """All rows of the kernel table (docs/benchmarks.md). quick: L = 16K only and densities 100% / 10%."""
     if not torch.cuda.is_available():
         raise SiftError("sift bench kernels needs a CUDA GPU (Hopper for the bundled kernels)")
     lengths = lengths or ((16384,) if quick else LENGTHS)

@@ -136,6 +136,67 @@ def variant_timings(log=log) -> list[dict]:
     return rows
 
 
+def smoke() -> int:
+    """One small attention case per configuration: 0 when every one is right."""
+    ok = True
+    for D in (64, 128):
+        for bn in (64, 128):
+            for L, kind in ((300, "dense"), (1000, "sparse")):
+                try:
+                    r = attention_case(2, 1, L, D, make_block_lists(kind, 2, L, bn, 0), seed=1)
+                    r["mask"] = kind
+                except Exception as exc:
+                    r = dict(D=D, block_n=bn, L=L, ok=False, error=f"{type(exc).__name__}: {exc}")
+                ok &= bool(r["ok"])
+                log("smoke", _fmt(r) if "error" not in r else r)
+    print("SMOKE", "OK" if ok else "FAIL", flush=True)
+    return 0 if ok else 1
+
+
+def check(only: str, report: dict, summary: dict) -> None:
+    """The attention sweeps (both grid modes) and the decode sweep, into `report`; counts into `summary`."""
+    t = time.time()
+    att = attention_sweep() if only in ("all", "attention") else []
+    if att:
+        att_np = attention_sweep(persistent=True)
+        log(f"persistent grid: {sum(r['ok'] for r in att_np)}/{len(att_np)} ok")
+        report["attention_persistent"] = att_np
+        summary["persistent_ok"] = f"{sum(r['ok'] for r in att_np)}/{len(att_np)}"
+    report["attention"] = att
+    summary["attention_ok"] = f"{sum(r['ok'] for r in att)}/{len(att)}"
+    summary["attention_max_rel_err"] = max((r["rel_err"] for r in att), default=None)
+    log(f"attention sweep {time.time() - t:.0f}s: {summary['attention_ok']} ok")
+    if att and not all(r["ok"] for r in att):
+        # diagnostic: the V descriptor with leading/stride byte offsets swapped
+        try:
+            lay = make_block_lists("dense", 2, 300, 64, 0)
+            r = attention_case(2, 1, 300, 128, lay, extra={"V_LBO": 1024, "V_SBO": 64 * 128})
+            log("diag V desc swapped (D=128, bn=64):", _fmt(r))
+            report["diag_v_swap"] = r
+        except Exception as exc:
+            log("diag failed", exc)
+    t = time.time()
+    dec = decode_sweep() if only in ("all", "decode") else []
+    report["decode"] = dec
+    summary["decode_ok"] = f"{sum(r['ok'] for r in dec)}/{len(dec)}"
+    log(f"decode sweep {time.time() - t:.0f}s: {summary['decode_ok']} ok")
+
+
+def bench(out: str, quick: bool, flex_budget: float | None) -> None:
+    """`sift bench kernels`' table, saved (bench.json, bench.md, log) after every shape."""
+    def save(rows):
+        with open(os.path.join(out, "bench.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        with open(os.path.join(out, "bench.md"), "w") as f:
+            f.write(markdown(rows) + "\n")
+        with open(os.path.join(out, "log.txt"), "w") as f:
+            f.write("\n".join(_LOG) + "\n")
+
+    rows = run_kernel_bench(quick=quick, time_budget_s=flex_budget, log=log, checkpoint=save)
+    save(rows)
+    log(markdown(rows))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -157,46 +218,10 @@ def main(argv=None) -> int:
         log("env problem:", exc)
     report = {}
     if args.smoke:
-        ok = True
-        for D in (64, 128):
-            for bn in (64, 128):
-                for L, kind in ((300, "dense"), (1000, "sparse")):
-                    try:
-                        r = attention_case(2, 1, L, D, make_block_lists(kind, 2, L, bn, 0), seed=1)
-                        r["mask"] = kind
-                    except Exception as exc:
-                        r = dict(D=D, block_n=bn, L=L, ok=False, error=f"{type(exc).__name__}: {exc}")
-                    ok &= bool(r["ok"])
-                    log("smoke", _fmt(r) if "error" not in r else r)
-        print("SMOKE", "OK" if ok else "FAIL", flush=True)
-        return 0 if ok else 1
+        return smoke()
     try:
         if not args.skip_check:
-            t = time.time()
-            att = attention_sweep() if args.only in ("all", "attention") else []
-            if att:
-                att_np = attention_sweep(persistent=True)
-                log(f"persistent grid: {sum(r['ok'] for r in att_np)}/{len(att_np)} ok")
-                report["attention_persistent"] = att_np
-                summary["persistent_ok"] = f"{sum(r['ok'] for r in att_np)}/{len(att_np)}"
-            report["attention"] = att
-            summary["attention_ok"] = f"{sum(r['ok'] for r in att)}/{len(att)}"
-            summary["attention_max_rel_err"] = max((r["rel_err"] for r in att), default=None)
-            log(f"attention sweep {time.time() - t:.0f}s: {summary['attention_ok']} ok")
-            if att and not all(r["ok"] for r in att):
-                # diagnostic: the V descriptor with leading/stride byte offsets swapped
-                try:
-                    lay = make_block_lists("dense", 2, 300, 64, 0)
-                    r = attention_case(2, 1, 300, 128, lay, extra={"V_LBO": 1024, "V_SBO": 64 * 128})
-                    log("diag V desc swapped (D=128, bn=64):", _fmt(r))
-                    report["diag_v_swap"] = r
-                except Exception as exc:
-                    log("diag failed", exc)
-            t = time.time()
-            dec = decode_sweep() if args.only in ("all", "decode") else []
-            report["decode"] = dec
-            summary["decode_ok"] = f"{sum(r['ok'] for r in dec)}/{len(dec)}"
-            log(f"decode sweep {time.time() - t:.0f}s: {summary['decode_ok']} ok")
+            check(args.only, report, summary)
     except Exception:
         log("CHECK CRASHED:\n" + traceback.format_exc())
         summary["check_crashed"] = True
@@ -209,18 +234,7 @@ def main(argv=None) -> int:
             log("VARIANTS CRASHED:\n" + traceback.format_exc())
     if args.bench != "none":
         try:
-            def save(rows):
-                with open(os.path.join(args.out, "bench.json"), "w") as f:
-                    json.dump(rows, f, indent=1)
-                with open(os.path.join(args.out, "bench.md"), "w") as f:
-                    f.write(markdown(rows) + "\n")
-                with open(os.path.join(args.out, "log.txt"), "w") as f:
-                    f.write("\n".join(_LOG) + "\n")
-
-            rows = run_kernel_bench(quick=args.bench == "quick", time_budget_s=args.flex_budget, log=log,
-                                    checkpoint=save)
-            save(rows)
-            log(markdown(rows))
+            bench(args.out, args.bench == "quick", args.flex_budget)
         except Exception:
             log("BENCH CRASHED:\n" + traceback.format_exc())
             summary["bench_crashed"] = True
