@@ -26,7 +26,8 @@ from sift_cli.config import GPU_DEFAULTS, ProfileConfig
 from sift_cli.corpus import load_documents
 from sift_cli.lab.datasets import essay_records, long_essays, write_jsonl
 from sift_cli.models import load_model, prefix_token_ids, tokenize_documents
-from sift_cli.prefill import decode_all_layers, run_prefill
+from sift_cli.block_table import BlockTable
+from sift_cli.prefill import PrefillOptions, decode_all_layers, run_prefill
 from sift_cli.profile.forward import causal_sdpa
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
@@ -105,7 +106,7 @@ def ttft_cases(lm, data, work, repeat, limit=0):
             prompt = assemble(shards, lm, ids, "What is the main argument of the first essay?")
             for backend in (("reference",) if limit else ("flex", "cuda")):
                 try:
-                    r = run_prefill(lm, prompt, backend, repeat=repeat, max_new_tokens=16)
+                    r = run_prefill(lm, prompt, PrefillOptions(backend=backend, repeat=repeat, max_new_tokens=16))
                     rows.append({"prompt": label, "docs": ids, "backend": backend,
                                  "tokens": r["prompt_tokens"]["total"], "density_blocks": r["density"]["blocks"],
                                  "density_cells": r["density"]["cells"], "dense_ms": r["dense"]["ttft_ms"],
@@ -125,7 +126,8 @@ def attention_breakdown(lm, data, work, limit=0):
     prompt = assemble(shards, lm, [r["id"] for r in recs], "What is the main argument of the first essay?")
     L, H, Hkv, D = prompt.layout.seq_len, lm.n_heads, lm.n_kv_heads, lm.head_dim
     bits = prompt.bits.to(lm.device)
-    block_lists = decode_all_layers(bits, lm.n_layers, 128, 64, "cuda")
+    table = BlockTable.for_layout(prompt.layout, 128, 64, device=lm.device)
+    block_lists = decode_all_layers(bits, table, lm.n_layers, "cuda")[0]
     g = torch.Generator(device=lm.device).manual_seed(0)
     q = torch.randn(1, L, H, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
     k = torch.randn(1, L, Hkv, D, device=lm.device, dtype=torch.bfloat16, generator=g).transpose(1, 2)
@@ -169,18 +171,19 @@ def attention_breakdown(lm, data, work, limit=0):
         be = get_backend("cuda", lm.device)
         rows["cuda_one_call_host_ms_behind_50ms_sleep"] = host_ms_behind_sleep(
             lambda: be.forward(q[0], k[0], v[0], block_lists[0], D ** -0.5))
-        from sift_cli.cuda.runtime import tensor_map_bf16_3d
-        rows["tma_encode_host_ms_behind_sleep"] = host_ms_behind_sleep(lambda: tensor_map_bf16_3d(q[0], 128))
+        from sift_cli.cuda.runtime import TensorMapTemplate
+        tpl = TensorMapTemplate(q[0], 128)
+        rows["tma_retarget_host_ms_behind_sleep"] = host_ms_behind_sleep(lambda: tpl.point(q[0].data_ptr()))
     except Exception as exc:
         rows["sync_probe_error"] = f"{type(exc).__name__}: {exc}"[:300]
     for name in ("cuda", "flex"):
         try:
             be = get_backend(name, lm.device)
-            plans = [be.prepare(x) if hasattr(be, "prepare") else None for x in block_lists]
+            attend = be.prepare(table, block_lists)
 
-            def sparse(be=be, plans=plans):
-                for x, p in zip(block_lists, plans):
-                    be.forward(q[0], k[0], v[0], x, D ** -0.5, **({} if p is None else {"plan": p}))
+            def sparse(attend=attend):
+                for layer in range(len(block_lists)):
+                    attend(layer, q[0], k[0], v[0], D ** -0.5)
 
             rows[f"{name}_30_layers_ms"], rows[f"{name}_host_ms"] = timed(sparse)
         except Exception as exc:
@@ -216,12 +219,12 @@ def attention_breakdown(lm, data, work, limit=0):
         return fn
 
     rows["forward_sdpa_ms"], rows["forward_sdpa_host_ms"] = timed(whole(), 10)
-    rows["forward_sdpa_via_integration_ms"], _ = timed(whole(integration.prepare_plan(SdpaThroughIntegration(),
+    rows["forward_sdpa_via_integration_ms"], _ = timed(whole(integration.prepare_plan(SdpaThroughIntegration(), table,
                                                                                       block_lists)), 10)
     for name in ("cuda", "flex"):
         try:
             rows[f"forward_{name}_ms"], rows[f"forward_{name}_host_ms"] = timed(
-                whole(integration.prepare_plan(get_backend(name, lm.device), block_lists)), 10)
+                whole(integration.prepare_plan(get_backend(name, lm.device), table, block_lists)), 10)
         except Exception as exc:
             rows[f"forward_{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
     rows["attention_mask_passed"] = any(masks_seen)

@@ -1,20 +1,27 @@
-// SIFT bit-vector decode (SPEC §6, §7): LA / CA bit vectors of one prompt -> per-layer CSR block lists.
+// SIFT bit-vector decode (SPEC §6, §7 v2): LA / CA bit vectors of one prompt -> per-layer CSR block lists over
+// the prompt's document-aligned block table.
 //
-// One CTA of 128 threads per (query block m, head h[, layer]). Block (m, kb) is listed iff some allowed
-// (query, key) pair with key <= query lies in it, where a query row
+// Query block m covers rows [q_start[m], q_start[m] + q_len[m]); KV block kb covers keys [kv_start[kb],
+// kv_start[kb] + kv_len[kb]) and lies inside one segment: kv_doc[kb] is its document, -1 for the prefix and
+// n_docs for the suffix. Block (m, kb) is listed iff some allowed (query, key) pair with key <= query lies in it,
+// where a query row
 //   in the prefix or the suffix  sees every key (causal, dense);
 //   in doc d (local row i)       sees every prefix key, the keys of earlier docs whose CA page is set, and the
 //                                keys j of doc d whose LA tile (i / T, j / T) is set.
-// This is evaluated exactly on intervals, the same rule as sift_cli/decode.py (which the output must equal):
-//   pass 1 (sift_decode_count) counts the listed KV blocks of each row -> counts[layer][h * M + m];
-//   a prefix sum on the host side (torch.cumsum) gives the CSR offsets [H, M + 1];
-//   pass 2 (sift_decode_write) writes each row's KV block ids in descending order (diagonal block first).
-// Each thread evaluates KV blocks kb = kb_max - t, kb_max - t - 128, ...; pass 2 ranks the listed ones of each
-// 128-wide chunk with a warp ballot + shared-memory scan, so the order is descending without sorting.
-//
-// Documents are contiguous, sorted by start, and (as the lead's decoder assumes) non-empty. No #include.
+// This is evaluated exactly on intervals, the same rule as sift_cli's PyTorch builder (which the output must
+// equal), in three launches that cover every layer of the prompt at once (grid z = layer):
+//   sift_decode_count  counts the listed KV blocks of each row -> counts[layer][h * M + m];
+//   sift_decode_scan   prefix sums -> CSR offsets [layer][H][M + 1];
+//   sift_decode_write  writes each row's KV block ids into indices[layer * capacity + ...] in canonical order:
+//                      first the blocks that need a mask (kv_len < block_n, or last key past the query block's
+//                      first row), then the others, each group descending (the attention kernel relies on it).
+// One CTA of 128 threads per (query block, DEC_HEADS heads, layer): the row's geometry is worked out once and
+// shared by its heads. Thread t evaluates KV blocks kb_max - t, kb_max - t - 128, ...; the write pass ranks the
+// listed ones of each 128-wide chunk with a warp ballot + shared-memory scan, so each group comes out descending
+// without sorting. No #include.
 
 #define DEC_THREADS 128
+#define DEC_HEADS 8  // heads per CTA (grid y = ceil(H / DEC_HEADS))
 
 struct DecodeArgs {
   const unsigned char* la;   // all docs' LA vectors
@@ -25,14 +32,20 @@ struct DecodeArgs {
   const int* la_len;         // [n_docs] bytes of one (layer, head) LA vector of doc d
   const long long* ca_base;  // [n_docs]
   const int* ca_len;         // [n_docs]
-  int n_docs, prefix_len, docs_end, seq_len, tile, n_heads, block_m, block_n, n_qblocks;
+  const int* q_start;        // [M]
+  const int* q_len;          // [M]
+  const int* kv_start;       // [N]
+  const int* kv_len;         // [N]
+  const int* kv_doc;         // [N]
+  int n_docs, prefix_len, docs_end, seq_len, tile, n_heads, block_n, n_qblocks, n_kvblocks;
 };
 
 struct RowCtx {
-  int q0, q1;         // the query block's first and last row
-  int dense_last;     // last prefix/suffix row in the block (-1: none)
-  int has_doc_rows;   // the block holds at least one document row
+  int q0, q1;           // the query block's first and last row
+  int dense_last;       // last prefix/suffix row in the block (-1: none)
+  int has_doc_rows;     // the block holds at least one document row
   int d_first, d_last;  // documents with rows in the block
+  int kb_max;           // last KV block whose first key is <= q1
   int layer, h;
 };
 
@@ -51,16 +64,31 @@ __device__ __forceinline__ int doc_at(const DecodeArgs& a, int x) {
   return ans;
 }
 
+// Last KV block whose first key is <= x.
+__device__ __forceinline__ int kv_block_at(const DecodeArgs& a, int x) {
+  int lo = 0, hi = a.n_kvblocks - 1, ans = -1;
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if (a.kv_start[mid] <= x) {
+      ans = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return ans;
+}
+
 __device__ __forceinline__ int get_bit(const unsigned char* vec, long long idx) {
   return (vec[idx >> 3] >> (7 - (int)(idx & 7))) & 1;
 }
 
-__device__ __forceinline__ RowCtx make_ctx(const DecodeArgs& a, int m, int h, int layer) {
+__device__ __forceinline__ RowCtx make_ctx(const DecodeArgs& a, int m, int layer) {
   RowCtx c;
-  c.q0 = m * a.block_m;
-  c.q1 = min(c.q0 + a.block_m, a.seq_len) - 1;
+  c.q0 = a.q_start[m];
+  c.q1 = c.q0 + a.q_len[m] - 1;
   c.layer = layer;
-  c.h = h;
+  c.h = 0;
   int dl = -1;
   if (a.prefix_len > 0 && c.q0 < a.prefix_len) dl = min(c.q1, a.prefix_len - 1);
   if (c.q1 >= a.docs_end) dl = c.q1;  // suffix rows (the suffix is the tail of the prompt)
@@ -71,46 +99,45 @@ __device__ __forceinline__ RowCtx make_ctx(const DecodeArgs& a, int m, int h, in
     c.d_first = doc_at(a, max(c.q0, a.prefix_len));
     c.d_last = doc_at(a, min(c.q1, a.docs_end - 1));
   }
+  c.kb_max = kv_block_at(a, c.q1);
   return c;
+}
+
+// Does this row's list need block kb in its masked group (see the header)?
+__device__ __forceinline__ bool needs_mask(const DecodeArgs& a, const RowCtx& c, int kb) {
+  return a.kv_len[kb] < a.block_n || a.kv_start[kb] + a.block_n - 1 > c.q0;
 }
 
 // Is KV block kb listed for this row?
 __device__ bool listed(const DecodeArgs& a, const RowCtx& c, int kb) {
-  const int k0 = kb * a.block_n;
-  const int k1 = min(k0 + a.block_n, a.seq_len) - 1;
-  if (k0 <= c.dense_last) return true;                         // prefix / suffix rows: causal dense
+  const int k0 = a.kv_start[kb];
+  const int k1 = k0 + a.kv_len[kb] - 1;
+  if (k0 <= c.dense_last) return true;      // prefix / suffix rows: causal dense
   if (!c.has_doc_rows) return false;
-  if (k0 < a.prefix_len) return true;                          // doc rows see the whole prefix
-  if (k0 >= a.docs_end) return false;                          // suffix keys: only dense rows see them
+  const int d = a.kv_doc[kb];
+  if (d < 0) return true;                   // doc rows see the whole prefix
+  if (d >= a.n_docs || d > c.d_last) return false;  // suffix keys, or keys of docs no row here sees
   const int T = a.tile;
   const long long vec = (long long)c.layer * a.n_heads + c.h;  // which (layer, head) vector inside a doc blob
-  int d = doc_at(a, k0);
-  if (d < 0) d = 0;
-  for (; d < a.n_docs; ++d) {
-    const int s = a.doc_start[d];
-    if (s > k1) break;
+  const int s = a.doc_start[d];
+  if (d < c.d_last) {                       // CA pages of an earlier doc (rows of a later doc see them)
+    const unsigned char* v = a.ca + a.ca_base[d] + vec * a.ca_len[d];
+    for (int p = (k0 - s) / T; p <= (k1 - s) / T; ++p)
+      if (get_bit(v, p)) return true;
+  }
+  if (d >= c.d_first) {                     // LA tiles inside doc d
     const int e = s + a.doc_len[d];
-    if (e <= k0) continue;
-    if (d > c.d_last) break;                                   // later docs' keys are seen by no row here
-    const int cs = max(k0, s), ce = min(k1, e - 1);            // this doc's keys inside the block
-    if (d < c.d_last) {                                        // CA pages of an earlier doc
-      const unsigned char* v = a.ca + a.ca_base[d] + vec * a.ca_len[d];
-      for (int p = (cs - s) / T; p <= (ce - s) / T; ++p)
-        if (get_bit(v, p)) return true;
-    }
-    if (d >= c.d_first) {                                      // LA tiles inside doc d
-      const int rs = max(c.q0, s), re = min(c.q1, e - 1);      // this doc's rows inside the block
-      if (rs <= re && cs <= re) {
-        const unsigned char* v = a.la + a.la_base[d] + vec * a.la_len[d];
-        const int r_lo = (rs - s) / T, r_hi = (re - s) / T;
-        const int c_lo = (cs - s) / T, c_hi = (ce - s) / T;
-        for (int r = r_lo; r <= r_hi; ++r) {
-          const int max_row = min(re, s + (r + 1) * T - 1);
-          const int top = min(c_hi, r);
-          for (int cc = c_lo; cc <= top; ++cc) {
-            const int min_col = max(cs, s + cc * T);
-            if (max_row >= min_col && get_bit(v, (long long)r * (r + 1) / 2 + cc)) return true;
-          }
+    const int rs = max(c.q0, s), re = min(c.q1, e - 1);  // this doc's rows inside the block
+    if (rs <= re && k0 <= re) {
+      const unsigned char* v = a.la + a.la_base[d] + vec * a.la_len[d];
+      const int r_lo = (rs - s) / T, r_hi = (re - s) / T;
+      const int c_lo = (k0 - s) / T, c_hi = (k1 - s) / T;
+      for (int r = r_lo; r <= r_hi; ++r) {
+        const int max_row = min(re, s + (r + 1) * T - 1);
+        const int top = min(c_hi, r);
+        for (int cc = c_lo; cc <= top; ++cc) {
+          const int min_col = max(k0, s + cc * T);
+          if (max_row >= min_col && get_bit(v, (long long)r * (r + 1) / 2 + cc)) return true;
         }
       }
     }
@@ -121,71 +148,83 @@ __device__ bool listed(const DecodeArgs& a, const RowCtx& c, int kb) {
 // Kernel parameters are flat (pointers and ints), gathered into DecodeArgs inside the kernel.
 #define DECODE_PARAMS                                                                                      \
   const unsigned char *la, const unsigned char *ca, const int *doc_start, const int *doc_len,              \
-      const long long *la_base, const int *la_len, const long long *ca_base, const int *ca_len, int n_docs,  \
-      int prefix_len, int docs_end, int seq_len, int tile, int n_heads, int block_m, int block_n, int n_qblocks
+      const long long *la_base, const int *la_len, const long long *ca_base, const int *ca_len,            \
+      const int *q_start, const int *q_len, const int *kv_start, const int *kv_len, const int *kv_doc,     \
+      int n_docs, int prefix_len, int docs_end, int seq_len, int tile, int n_heads, int block_n,           \
+      int n_qblocks, int n_kvblocks
 #define DECODE_ARGS                                                                                        \
   DecodeArgs a;                                                                                            \
   a.la = la; a.ca = ca; a.doc_start = doc_start; a.doc_len = doc_len; a.la_base = la_base;                 \
-  a.la_len = la_len; a.ca_base = ca_base; a.ca_len = ca_len; a.n_docs = n_docs; a.prefix_len = prefix_len; \
-  a.docs_end = docs_end; a.seq_len = seq_len; a.tile = tile; a.n_heads = n_heads; a.block_m = block_m;     \
-  a.block_n = block_n; a.n_qblocks = n_qblocks;
+  a.la_len = la_len; a.ca_base = ca_base; a.ca_len = ca_len; a.q_start = q_start; a.q_len = q_len;         \
+  a.kv_start = kv_start; a.kv_len = kv_len; a.kv_doc = kv_doc; a.n_docs = n_docs;                          \
+  a.prefix_len = prefix_len; a.docs_end = docs_end; a.seq_len = seq_len; a.tile = tile;                    \
+  a.n_heads = n_heads; a.block_n = block_n; a.n_qblocks = n_qblocks; a.n_kvblocks = n_kvblocks;
 
-// Pass 1. grid (M, H, n_layers_in_launch); counts[(z * H + h) * M + m] for layer layer0 + z.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+// Pass 1. grid (M, ceil(H / DEC_HEADS), n_layers_in_launch); counts[(z * H + h) * M + m] for layer layer0 + z.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 8)
 sift_decode_count(DECODE_PARAMS, int layer0, int* __restrict__ counts) {
   DECODE_ARGS
-  const int m = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
-  const RowCtx c = make_ctx(a, m, h, layer0 + z);
-  const int kb_max = c.q1 / a.block_n;
-  int n = 0;
-  if (c.dense_last == c.q1) {
-    n = (threadIdx.x == 0) ? kb_max + 1 : 0;                   // fully dense row block
-  } else {
-    for (int kb = kb_max - (int)threadIdx.x; kb >= 0; kb -= DEC_THREADS) n += listed(a, c, kb) ? 1 : 0;
-  }
-  __shared__ int warp_sum[DEC_THREADS / 32];
+  const int m = blockIdx.x, z = blockIdx.z;
+  RowCtx c = make_ctx(a, m, layer0 + z);
+  __shared__ int warp_sum[DEC_HEADS][DEC_THREADS / 32];
+  const int h0 = blockIdx.y * DEC_HEADS;
+  const int nh = min(DEC_HEADS, a.n_heads - h0);
+  for (int hh = 0; hh < nh; ++hh) {
+    c.h = h0 + hh;
+    int n = 0;
+    if (c.dense_last == c.q1) {
+      n = (threadIdx.x == 0) ? c.kb_max + 1 : 0;                 // fully dense row block
+    } else {
+      for (int kb = c.kb_max - (int)threadIdx.x; kb >= 0; kb -= DEC_THREADS) n += listed(a, c, kb) ? 1 : 0;
+    }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = n;
+    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if ((threadIdx.x & 31) == 0) warp_sum[hh][threadIdx.x >> 5] = n;
+  }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < nh) {
     int t = 0;
 #pragma unroll
-    for (int w = 0; w < DEC_THREADS / 32; ++w) t += warp_sum[w];
-    counts[((long long)z * a.n_heads + h) * a.n_qblocks + m] = t;
+    for (int w = 0; w < DEC_THREADS / 32; ++w) t += warp_sum[threadIdx.x][w];
+    counts[((long long)z * a.n_heads + h0 + threadIdx.x) * a.n_qblocks + m] = t;
   }
 }
 
-// Pass 2. grid (M, H); offsets [H, M + 1] of this layer; indices: this layer's CSR index array.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-sift_decode_write(DECODE_PARAMS, int layer, const int* __restrict__ offsets, int* __restrict__ indices) {
+// Pass 2. grid (M, ceil(H / DEC_HEADS), n_layers_in_launch); offsets [n][H][M + 1] from the scan; layer
+// layer0 + z writes its CSR index array at indices + z * capacity.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 8)
+sift_decode_write(DECODE_PARAMS, int layer0, const int* __restrict__ offsets, int* __restrict__ indices,
+                  long long capacity) {
   DECODE_ARGS
-  const int m = blockIdx.x, h = blockIdx.y;
-  const RowCtx c = make_ctx(a, m, h, layer);
-  const int kb_max = c.q1 / a.block_n;
-  int base = offsets[(long long)h * (a.n_qblocks + 1) + m];
+  const int m = blockIdx.x, z = blockIdx.z;
+  RowCtx c = make_ctx(a, m, layer0 + z);
+  int* out = indices + (long long)z * capacity;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (c.dense_last == c.q1) {
-    for (int i = tid; i <= kb_max; i += DEC_THREADS) indices[base + i] = kb_max - i;
-    return;
-  }
   __shared__ int warp_cnt[DEC_THREADS / 32];
-  for (int chunk = 0; chunk <= kb_max; chunk += DEC_THREADS) {
-    const int kb = kb_max - chunk - tid;                        // lower thread id -> larger block id
-    const bool f = (kb >= 0) && listed(a, c, kb);
-    const unsigned ballot = __ballot_sync(0xffffffffu, f);
-    if (lane == 0) warp_cnt[warp] = __popc(ballot);
-    __syncthreads();
-    int before = 0, total = 0;
+  const int h0 = blockIdx.y * DEC_HEADS;
+  const int nh = min(DEC_HEADS, a.n_heads - h0);
+  for (int hh = 0; hh < nh; ++hh) {
+    c.h = h0 + hh;
+    int base = offsets[((long long)z * a.n_heads + c.h) * (a.n_qblocks + 1) + m];
+    for (int group = 0; group < 2; ++group) {                  // 0: blocks that need a mask, 1: the rest
+      for (int chunk = 0; chunk <= c.kb_max; chunk += DEC_THREADS) {
+        const int kb = c.kb_max - chunk - tid;                 // lower thread id -> larger block id
+        const bool f = (kb >= 0) && (needs_mask(a, c, kb) == (group == 0)) && listed(a, c, kb);
+        const unsigned ballot = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) warp_cnt[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
 #pragma unroll
-    for (int w = 0; w < DEC_THREADS / 32; ++w) {
-      const int cnt = warp_cnt[w];
-      before += (w < warp) ? cnt : 0;
-      total += cnt;
+        for (int w = 0; w < DEC_THREADS / 32; ++w) {
+          const int cnt = warp_cnt[w];
+          before += (w < warp) ? cnt : 0;
+          total += cnt;
+        }
+        if (f) out[base + before + __popc(ballot & ((1u << lane) - 1u))] = kb;
+        base += total;
+        __syncthreads();                                        // warp_cnt is rewritten by the next chunk
+      }
     }
-    if (f) indices[base + before + __popc(ballot & ((1u << lane) - 1u))] = kb;
-    base += total;
-    __syncthreads();                                            // warp_cnt is rewritten by the next chunk
   }
 }
 

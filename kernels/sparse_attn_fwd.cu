@@ -1,20 +1,38 @@
 // SIFT block-sparse attention forward for Hopper (sm_90a): TMA + mbarrier ring + warp-specialised WGMMA.
 //
-// A CTA computes (query head h, query block m) tiles of BLOCK_M = 128 rows, one after another (persistent).
-// Warpgroup 0 is the producer (one thread issues TMA loads, the warpgroup gives its registers away with setmaxnreg); warpgroups 1 and 2 are
-// consumers, each owning 64 query rows. The KV-block loop of both roles walks the CSR row
-//     indices[offsets[h * (M + 1) + m] .. offsets[h * (M + 1) + m + 1])       (descending block ids)
-// so producer and consumers agree on the order. Per KV block a consumer warpgroup issues
+// Blocks follow the prompt's segments (SPEC §6 v2): query block m covers rows [q_start[m], q_start[m] + q_len[m])
+// and KV block kb covers keys [kv_start[kb], kv_start[kb] + kv_len[kb]), with q_len <= BLOCK_M and
+// kv_len <= KEY_BLOCK; both tables are per prompt, shared by every layer and head. A row (query head h, query
+// block m) lists its KV blocks as the CSR row
+//     indices[offsets[h * (M + 1) + m] .. offsets[h * (M + 1) + m + 1])
+// in canonical order: first every block that needs a mask (partial, kv_len < KEY_BLOCK, or reaching past the
+// row block's first row), then the rest, each group in descending block order (sift_cli's block-list builders
+// emit exactly this order; the kernel checks it and traps on a list that breaks it).
+//
+// Work: a virtual tile is one row, or one part of a row cut for split-KV (parts of a long row run in different
+// CTAs; each stores its unnormalised O, max and sum in a workspace and the last part to finish merges them all,
+// in part order). Persistent CTAs (grid <= #SMs) take virtual tiles from a dynamic scheduler: an atomic counter
+// over `tile_order` (longest first) or, without it, query blocks descending with heads fastest. The counters
+// (`sched`, `arrivals`) are zero on entry and left zero on exit, so launches and graph replays need no reset.
+//
+// Warpgroup 0 is the producer (it gives its registers away with setmaxnreg): warp 1 schedules, staging each
+// tile's list as packed (key start, key count) entries in shared memory, two tiles ahead; lane 0 of warp 0 loads,
+// through TMA, the tile's Q (at the block's first row, into one of two Q buffers) and each listed K and V block
+// (at the block's first key, any row) into a STAGES-deep ring. With PAIR, a pipeline step gathers two 64-key
+// table blocks into the two halves of a 128-key tile. Warpgroups 1 and 2 are consumers, each owning 64 query
+// rows. Per step a consumer warpgroup issues
 //     S = Q K^T      (wgmma m64nBNk16, A and B from shared memory, fp32 accumulators in registers)
 //     O += P V       (wgmma m64nDk16, A = P from registers as bf16, B = V from shared memory, MN-major)
-// with the QK^T of block j+1 issued before the softmax of block j finishes (intra-warpgroup overlap), an
-// fp32 online softmax in the log2 domain (scores pre-scaled by scale*log2(e), ex2.approx), and causal
-// masking only on blocks whose last key lies past the warpgroup's first query row. Keys past L are zero
-// filled by TMA and always masked by causality; query rows past L are computed on zero Q and not stored.
+// with the QK^T of step j+1 issued before the softmax of step j finishes (intra-warpgroup overlap), and an
+// fp32 online softmax in the log2 domain (scores pre-scaled by scale*log2(e), ex2.approx). Masked steps keep
+// key <= min(row, the key's block end): causality, and keys past a partial block's end (which TMA reads from the
+// next segment) never enter the softmax. Rows of the tile past q_len (the next segment's) or past L are
+// computed and not stored; the output is written through (row, head) strides, e.g. straight into [L, H, D].
 //
 // Written without any #include so NVRTC needs no CUDA headers: bf16 is raw 16-bit, conversions are PTX.
-// Compile-time parameters (macros): HEAD_DIM in {64, 128}, BLOCK_N in {64, 128}, STAGES >= 1.
-// Grid: #tiles or #SMs (persistent), 384 threads; dynamic shared memory: sift_cli.kernels.attention_smem_bytes.
+// Compile-time parameters (macros): HEAD_DIM in {64, 128}, BLOCK_N in {64, 128} (keys per step), STAGES >= 1,
+// PAIR (BLOCK_N 128 over 64-key table blocks). Grid: min(#tiles, #SMs), 384 threads; dynamic shared memory:
+// sift_cli.cuda.attention.attention_smem_bytes.
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -34,6 +52,16 @@
 #if (BLOCK_N != 64 && BLOCK_N != 128)
 #error "BLOCK_N must be 64 or 128"
 #endif
+// PAIR: the table's KV blocks are 64 keys wide and each pipeline step gathers two of them (any rows) into one
+// 128-key tile, so 64-token sparsity runs at the 128-wide tile's efficiency.
+#ifndef PAIR
+#define PAIR 0
+#endif
+#if PAIR && BLOCK_N != 128
+#error "PAIR gathers two 64-key blocks into a 128-key tile: BLOCK_N must be 128"
+#endif
+#define KEY_BLOCK (PAIR ? BLOCK_N / 2 : BLOCK_N)  // width of the table's KV blocks
+#define PER_STEP (PAIR ? 2 : 1)                   // list entries per pipeline step
 
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
@@ -240,25 +268,37 @@ __device__ __forceinline__ void issue_pv(float* o, const u32* p, u32 v_base) {
   }
 }
 
+// The keys of one pipeline step: tile columns 0..63 hold keys k0a.., columns 64..127 keys k0b.. (the same block
+// continued when BLOCK_N = 128 without PAIR); keys past enda / endb are not in the step's blocks.
+struct StepKeys {
+  int k0a, enda, k0b, endb;
+};
+
 // Online softmax on one S block held as wgmma accumulators: s[4i + e], row = g (+8 for e >= 2),
-// column = 8i + 2c + (e & 1). Updates the running max (raw score units) and the thread-partial row sums,
+// column = 8i + 2c + (e & 1); MASK keeps key <= min(row, the key's block end) (causality, and no key of a
+// partial block's neighbour). Updates the running max (raw score units) and the thread-partial row sums,
 // overwrites s with P = exp2(s * sl2 - m * sl2) and returns the rescale factors of the previous O.
 template <bool MASK>
 __device__ __forceinline__ void softmax_block(float* s, float& m_a, float& m_b, float& l_a, float& l_b,
-                                              float& corr_a, float& corr_b, float sl2, int key0, int row_a) {
+                                              float& corr_a, float& corr_b, float sl2, const StepKeys& k,
+                                              int row_a) {
 #if ABLATE_SOFTMAX  // timing ablation only (wrong results): P = S, no max / exp / sums
   corr_a = corr_b = 1.f;
   return;
 #endif
   const int c = threadIdx.x & 3;
   if (MASK) {
+    const int lim_a0 = min(row_a, k.enda), lim_b0 = min(row_a + 8, k.enda);
+    const int lim_a1 = min(row_a, k.endb), lim_b1 = min(row_a + 8, k.endb);
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 8; ++i) {
-      const int key = key0 + 8 * i + 2 * c;
-      if (key > row_a) s[4 * i + 0] = neg_inf();
-      if (key + 1 > row_a) s[4 * i + 1] = neg_inf();
-      if (key > row_a + 8) s[4 * i + 2] = neg_inf();
-      if (key + 1 > row_a + 8) s[4 * i + 3] = neg_inf();
+      const bool hi = i >= 8;  // compile-time after unrolling
+      const int key = (hi ? k.k0b + 8 * (i - 8) : k.k0a + 8 * i) + 2 * c;
+      const int lim_a = hi ? lim_a1 : lim_a0, lim_b = hi ? lim_b1 : lim_b0;
+      if (key > lim_a) s[4 * i + 0] = neg_inf();
+      if (key + 1 > lim_a) s[4 * i + 1] = neg_inf();
+      if (key > lim_b) s[4 * i + 2] = neg_inf();
+      if (key + 1 > lim_b) s[4 * i + 3] = neg_inf();
     }
   }
   float mx_a = m_a, mx_b = m_b;
@@ -313,25 +353,88 @@ __device__ __forceinline__ void rescale_o(float* o, float corr_a, float corr_b) 
   }
 }
 
-#define FULL_K(s) (sBar + 8u * (1 + (s)))
-#define FULL_V(s) (sBar + 8u * (1 + STAGES + (s)))
-#define EMPTY_K(s) (sBar + 8u * (1 + 2 * STAGES + (s)))
-#define EMPTY_V(s) (sBar + 8u * (1 + 3 * STAGES + (s)))
+// Shared-memory barriers, after the two Q buffers and the K/V rings (8 bytes each).
+#define FULL_Q(i) (sBar + 8u * (i))                        // Q buffer i is loaded
+#define Q_EMPTY(i) (sBar + 8u * (2 + (i)))                 // the consumers are done with Q buffer i
+#define FULL_K(s) (sBar + 8u * (4 + (s)))
+#define FULL_V(s) (sBar + 8u * (4 + STAGES + (s)))
+#define EMPTY_K(s) (sBar + 8u * (4 + 2 * STAGES + (s)))
+#define EMPTY_V(s) (sBar + 8u * (4 + 3 * STAGES + (s)))
+#define TILE_FULL(i) (sBar + 8u * (4 + 4 * STAGES + (i)))   // a tile and its list are staged in slot i
+#define TILE_EMPTY(i) (sBar + 8u * (6 + 4 * STAGES + (i)))  // the loader and the consumers are done with slot i
+#define N_BARRIERS (8 + 4 * STAGES)
+#define CONSUMERS 256
+
+// A staged tile: head (-1: no more tiles), list length, how many listed blocks need the mask (a prefix of the
+// list), first row and row count of its query block, which split of its row it is and of how many, and the row.
+struct TileInfo {
+  int h, n, n_mask, q0, qn, split, n_splits, row;
+};
+
+// Split-KV: a row of n blocks is cut into n_splits contiguous parts of about n / n_splits blocks, rounded up to
+// whole pipeline steps (at most split_max parts, n_splits ~ n / cap, none empty). The host computes the same
+// numbers to size and order the virtual tiles.
+__device__ __forceinline__ void split_row(int n, int cap, int split_max, int& n_splits, int& chunk) {
+  if (n <= 0 || split_max <= 1) {
+    n_splits = 1;
+    chunk = n;
+    return;
+  }
+  n_splits = min(split_max, (n + cap - 1) / cap);
+  chunk = ((n + n_splits - 1) / n_splits + PER_STEP - 1) / PER_STEP * PER_STEP;  // whole pipeline steps
+  n_splits = (n + chunk - 1) / chunk;
+}
+
+// All 256 consumer threads (named barrier 3; 1 and 2 are the pingpong turns).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 3, 256;" ::: "memory"); }
+
+// True when block (k0, kn) needs the masked softmax in a tile whose first row is q0: partial, or its last key
+// lies past q0. The same predicate orders the lists (sift_cli's builders), so these blocks are a prefix.
+__device__ __forceinline__ bool needs_mask(int k0, int kn, int q0) {
+  return (int)(kn < KEY_BLOCK) | (int)(k0 + KEY_BLOCK - 1 > q0);  // no short-circuit branch near wgmmas (C7513)
+}
+
+// The keys of pipeline step j of a staged list of n entries, broadcast from lane 0 (they steer control flow).
+// A staged list entry packs a block's first key and key count: (start << 8) | count (count <= 128).
+__device__ __forceinline__ int entry_start(int e) { return e >> 8; }
+__device__ __forceinline__ int entry_count(int e) { return e & 255; }
+
+__device__ __forceinline__ StepKeys step_keys(const int* lst, int j, int n) {
+  const int a = __shfl_sync(0xffffffffu, lst[PER_STEP * j], 0);
+  StepKeys k;
+  k.k0a = entry_start(a);
+  k.enda = k.k0a + entry_count(a) - 1;
+#if PAIR
+  if (2 * j + 1 < n) {
+    const int b = __shfl_sync(0xffffffffu, lst[2 * j + 1], 0);
+    k.k0b = entry_start(b);
+    k.endb = k.k0b + entry_count(b) - 1;
+  } else {  // a lone last block: the second half is loaded from the same rows and masked out entirely
+    k.k0b = k.k0a;
+    k.endb = k.k0a - 1;
+  }
+#else
+  k.k0b = k.k0a + 64;
+  k.endb = k.enda;
+#endif
+  return k;
+}
 
 // One pipelined step j >= 1 of a consumer warpgroup (the FA3 order):
 //   issue S_j = Q K_j^T;  O *= corr_{j-1};  issue O += P_{j-1} V_{j-1};  wait for S_j;  softmax(S_j) -> corr_j and
 //   P_j (converted into a staging set, since the registers of P_{j-1} are still being read by the P V wgmma);
 //   wait for P V;  P <- staging.
 // Nothing in the softmax touches a register of an in-flight wgmma, so ptxas has no reason to hoist the wait.
-// (stage, phase) name the ring slot of block j - 1 on entry and of block j on return.
+// (stage, phase) name the ring slot of step j - 1 on entry and of step j on return; keys holds step j's keys
+// on entry and step j + 1's on return. n: steps in the tile; n_entries: list entries.
 template <bool MASK>
 __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float& m_a, float& m_b, float& l_a,
                                               float& l_b, float& corr_a, float& corr_b, float sl2, int row_a,
                                               u32 q_base, u32 sK, u32 sV, u32 sBar, int& stage, u32& phase,
-                                              int& kb_next, const int* __restrict__ indices, int start, int j, int n,
-                                              int cw, u32 bar_q_empty) {
-  const int kb = kb_next;
-  if (j + 1 < n) kb_next = __shfl_sync(0xffffffffu, indices[start + j + 1], 0);
+                                              StepKeys& keys, const int* lst, int j, int n, int n_entries, int cw,
+                                              u32 q_empty) {
+  const StepKeys cur = keys;
+  if (j + 1 < n) keys = step_keys(lst, j + 1, n_entries);
   int nstage = stage + 1;
   u32 nphase = phase;
   if (nstage == STAGES) {
@@ -355,8 +458,8 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
   wgmma_wait<1>();
   fence_regs<BLOCK_N / 2>(s);
   mbar_arrive(EMPTY_K(nstage));
-  if (j + 1 == n) mbar_arrive(bar_q_empty);  // the tile's last Q K^T is done: the producer may load the next Q
-  softmax_block<MASK>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
+  if (j + 1 == n) mbar_arrive(q_empty);  // the tile's last Q K^T is done: the loader may refill this Q buffer
+  softmax_block<MASK>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, cur, row_a);
   u32 p_next[BLOCK_N / 4];
   convert_p(s, p_next);
   wgmma_wait<0>();
@@ -374,103 +477,206 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
 // ----------------------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
-                     const __grid_constant__ TmaDesc tmap_v, bf16_t* __restrict__ out, float* __restrict__ lse,
-                     const int* __restrict__ offsets, const int* __restrict__ indices, int seq_len, int n_heads,
-                     int group, int n_qblocks, float scale_log2, int write_lse) {
+                     const __grid_constant__ TmaDesc tmap_v, bf16_t* __restrict__ out, long long out_row_stride,
+                     long long out_head_stride, float* __restrict__ lse, const int* __restrict__ offsets,
+                     const int* __restrict__ indices, const int* __restrict__ q_start,
+                     const int* __restrict__ q_len, const int* __restrict__ kv_start,
+                     const int* __restrict__ kv_len, const int* __restrict__ tile_order,
+                     const int* __restrict__ n_active, const int* __restrict__ split_cap, int split_max,
+                     const int* __restrict__ split_slot, float* __restrict__ ws, int* __restrict__ arrivals,
+                     int* __restrict__ sched, int seq_len,
+                     int n_heads, int group, int n_qblocks, int list_cap, float scale_log2, int write_lse) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 128B swizzle atoms need 1024-byte alignment
-  const u32 sQ = base;
-  const u32 sK = sQ + Q_BYTES;
+  const u32 raw = smem_addr(smem_raw);
+  const u32 base = (raw + 1023u) & ~1023u;  // 128B swizzle atoms need 1024-byte alignment
+  const u32 sQ = base;                      // two Q buffers: the next tile's Q loads while this one runs
+  const u32 sK = sQ + 2 * Q_BYTES;
   const u32 sV = sK + STAGES * KV_BYTES;
   const u32 sBar = sV + STAGES * KV_BYTES;
-  const u32 bar_q = sBar;
-  const u32 bar_q_empty = sBar + 8u * (1 + 4 * STAGES);
-
-  // Tiles are (head, query block) pairs, longest causal rows first (m descending, heads fastest). A CTA walks
-  // tiles blockIdx.x, blockIdx.x + gridDim.x, ...: grid = #tiles is one tile per CTA, grid = #SMs is persistent
-  // (the producer then loads the next tile's Q and K/V while the consumers finish the current one).
-  const int n_tiles = n_heads * n_qblocks;
+  // Tile slots and their lists, addressed as ordinary pointers (the consumers read them with ld.shared).
+  const u32 info_off = ((sBar + 8u * N_BARRIERS + 15u) & ~15u) - raw;
+  TileInfo* info = reinterpret_cast<TileInfo*>(smem_raw + info_off);
+  volatile int* last_flag = reinterpret_cast<volatile int*>(smem_raw + info_off + 2 * sizeof(TileInfo));
+  int* lists = reinterpret_cast<int*>(smem_raw + info_off + 2 * sizeof(TileInfo) + 16);
   const int tid = threadIdx.x;
   // Broadcast from lane 0: ptxas then knows values are warp-uniform, so branches on them are not divergent.
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int warp_id = __shfl_sync(0xffffffffu, tid >> 5, 0);
 
   if (tid == 0) {
     prefetch_tma_desc(&tmap_q);
     prefetch_tma_desc(&tmap_k);
     prefetch_tma_desc(&tmap_v);
-    mbar_init(bar_q, 1);
-    mbar_init(bar_q_empty, 256);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(FULL_Q(i), 1);
+      mbar_init(Q_EMPTY(i), CONSUMERS);
+      mbar_init(TILE_FULL(i), 32);
+      mbar_init(TILE_EMPTY(i), CONSUMERS + 1);
+    }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(FULL_K(s), 1);
       mbar_init(FULL_V(s), 1);
-      mbar_init(EMPTY_K(s), 256);
-      mbar_init(EMPTY_V(s), 256);
+      mbar_init(EMPTY_K(s), CONSUMERS);
+      mbar_init(EMPTY_V(s), CONSUMERS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
   if (wg == 0) {
-    // ---------------- producer warpgroup ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (tid == 0) {
-      int stage = 0;
-      u32 phase = 0, q_phase = 0;
-      for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-        const int h = tile % n_heads;
-        const int m = n_qblocks - 1 - tile / n_heads;
-        const int hk = h / group;
-        const int row_ptr = h * (n_qblocks + 1) + m;
-        const int start = offsets[row_ptr];
-        const int n = offsets[row_ptr + 1] - start;
-        if (n <= 0) continue;
-        mbar_wait(bar_q_empty, q_phase ^ 1);  // the previous tile's consumers are done with Q
-        mbar_expect_tx(bar_q, Q_BYTES);
-#pragma unroll
-        for (int c = 0; c < HEAD_DIM / 64; ++c) tma_load_3d(sQ + c * CHUNK_Q, &tmap_q, bar_q, c * 64, m * BLOCK_M, h);
-        q_phase ^= 1;
-        int kb_next = indices[start];
-        for (int i = 0; i < n; ++i) {
-          const int kb = kb_next;
-          if (i + 1 < n) kb_next = indices[start + i + 1];
-          mbar_wait(EMPTY_K(stage), phase ^ 1);
-          mbar_expect_tx(FULL_K(stage), KV_BYTES);
+    // ---------------- producer warpgroup: warp 1 schedules, lane 0 of warp 0 loads, warps 2-3 only give
+    // their registers away ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (warp_id == 1) {
+      // Scheduler: takes tiles (blockIdx.x first, then the atomic counter) and stages each one's list of
+      // (key start, key count) entries in a free slot, up to two tiles ahead of the consumers.
+      const int lane = tid & 31;
+      // Virtual tiles v = row * split_max + split, row = h * M + m; n_active of them are non-empty, taken in
+      // tile_order (or, without one and without splits, query blocks descending with heads fastest).
+      const int n_tiles = (n_active != nullptr) ? *n_active : n_heads * n_qblocks;
+      const int cap = (split_cap != nullptr) ? max(1, *split_cap) : 1 << 30;
+      int tile = blockIdx.x;
+      for (int it = 0;; ++it) {
+        const int slot = it & 1;
+        mbar_wait(TILE_EMPTY(slot), ((it >> 1) & 1) ^ 1);
+        int next = 0;
+        if (lane == 0 && tile < n_tiles) next = (int)gridDim.x + atomicAdd(sched, 1);  // waited for at the end
+        int h = -1;
+        if (tile < n_tiles) {
+          int v;
+          if (tile_order != nullptr) {
+            v = tile_order[tile];
+          } else {  // query blocks descending, heads fastest: the longest causal rows first
+            v = ((tile % n_heads) * n_qblocks + (n_qblocks - 1 - tile / n_heads)) * split_max;
+          }
+          const int row = v / split_max, split = v - row * split_max;
+          h = row / n_qblocks;
+          const int m = row - h * n_qblocks;
+          const int row_start = offsets[h * (n_qblocks + 1) + m];
+          const int n_row = offsets[h * (n_qblocks + 1) + m + 1] - row_start;
+          int n_splits, chunk;
+          split_row(n_row, cap, split_max, n_splits, chunk);
+          const int start = row_start + split * chunk;
+          const int n = max(0, min(chunk, n_row - split * chunk));
+          const int q0 = q_start[m];
+          int* lst = lists + slot * list_cap;
+          // The blocks that need the mask must be the list's prefix (canonical order), else trap: a list in
+          // another order would be computed wrong, so it fails loudly instead.
+          int n_mask = 0;
+          bool tail = false;  // an entry that needs no mask has been seen
+          for (int i0 = 0; i0 < n; i0 += 32) {
+            const int i = i0 + lane;
+            bool msk = false;
+            if (i < n) {
+              const int kb = indices[start + i];
+              const int k0 = kv_start[kb], kn = kv_len[kb];
+              lst[i] = (k0 << 8) | kn;
+              msk = needs_mask(k0, kn, q0);
+            }
+            const unsigned b = __ballot_sync(0xffffffffu, msk);
+            const unsigned valid = __ballot_sync(0xffffffffu, i < n);
+            if ((b & (b + 1u)) != 0u || (tail && b != 0u)) asm volatile("trap;");
+            tail = tail || (b != valid);
+            n_mask += __popc(b);
+          }
+          if (lane == 0) info[slot] = TileInfo{h, n, n_mask, q0, q_len[m], split, n_splits, row};
+        } else if (lane == 0) {
+          info[slot] = TileInfo{-1, 0, 0, 0, 0, 0, 0, 0};
+        }
+        __syncwarp();
+        mbar_arrive(TILE_FULL(slot));  // release: the slot and its list are visible to the loader and consumers
+        if (h < 0) break;
+        tile = __shfl_sync(0xffffffffu, next, 0);
+      }
+      // Every atomic on sched[0] by this CTA is done; the last CTA out sets the counters back to zero.
+      if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) {
+          sched[0] = 0;
+          sched[1] = 0;
+        }
+      }
+    } else if (tid == 0) {
+      // Loader: TMA loads of each staged tile's Q (into the free Q buffer) and of its K/V blocks into the ring.
+      int stage = 0, q_uses = 0;
+      u32 phase = 0;
+      for (int it = 0;; ++it) {
+        const int slot = it & 1;
+        mbar_wait(TILE_FULL(slot), (it >> 1) & 1);
+        const TileInfo ti = info[slot];
+        if (ti.h < 0) break;
+        if (ti.n > 0) {
+          const int qb = q_uses & 1;
+          mbar_wait(Q_EMPTY(qb), ((q_uses >> 1) & 1) ^ 1);
+          mbar_expect_tx(FULL_Q(qb), Q_BYTES);
 #pragma unroll
           for (int c = 0; c < HEAD_DIM / 64; ++c)
-            tma_load_3d(sK + stage * KV_BYTES + c * CHUNK_KV, &tmap_k, FULL_K(stage), c * 64, kb * BLOCK_N, hk);
-          mbar_wait(EMPTY_V(stage), phase ^ 1);
-          mbar_expect_tx(FULL_V(stage), KV_BYTES);
+            tma_load_3d(sQ + qb * Q_BYTES + c * CHUNK_Q, &tmap_q, FULL_Q(qb), c * 64, ti.q0, ti.h);
+          ++q_uses;
+          const int hk = ti.h / group;
+          const int* lst = lists + slot * list_cap;
+          for (int i = 0; i < ti.n; i += PER_STEP) {
+            const int k0 = entry_start(lst[i]);
+#if PAIR
+            const int k1 = (i + 1 < ti.n) ? entry_start(lst[i + 1]) : k0;  // a lone last block fills both halves
+#endif
+            mbar_wait(EMPTY_K(stage), phase ^ 1);
+            mbar_expect_tx(FULL_K(stage), KV_BYTES);
 #pragma unroll
-          for (int c = 0; c < HEAD_DIM / 64; ++c)
-            tma_load_3d(sV + stage * KV_BYTES + c * CHUNK_KV, &tmap_v, FULL_V(stage), c * 64, kb * BLOCK_N, hk);
-          if (++stage == STAGES) {
-            stage = 0;
-            phase ^= 1;
+            for (int c = 0; c < HEAD_DIM / 64; ++c) {
+              tma_load_3d(sK + stage * KV_BYTES + c * CHUNK_KV, &tmap_k, FULL_K(stage), c * 64, k0, hk);
+#if PAIR
+              tma_load_3d(sK + stage * KV_BYTES + c * CHUNK_KV + KEY_BLOCK * 128, &tmap_k, FULL_K(stage), c * 64, k1,
+                          hk);
+#endif
+            }
+            mbar_wait(EMPTY_V(stage), phase ^ 1);
+            mbar_expect_tx(FULL_V(stage), KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < HEAD_DIM / 64; ++c) {
+              tma_load_3d(sV + stage * KV_BYTES + c * CHUNK_KV, &tmap_v, FULL_V(stage), c * 64, k0, hk);
+#if PAIR
+              tma_load_3d(sV + stage * KV_BYTES + c * CHUNK_KV + KEY_BLOCK * 128, &tmap_v, FULL_V(stage), c * 64, k1,
+                          hk);
+#endif
+            }
+            if (++stage == STAGES) {
+              stage = 0;
+              phase ^= 1;
+            }
           }
         }
+        mbar_arrive(TILE_EMPTY(slot));  // the loader is done with this slot's list
       }
     }
   } else {
     // ---------------- consumer warpgroups ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - 1;  // which 64-row half of the query block
     const int t = tid & 127;
     const int warp = t >> 5, lane = t & 31;
     const int g = lane >> 2, c = lane & 3;
     const float sl2 = scale_log2;
-    const u32 q_base = sQ + cw * 64 * 128;
-    int stage = 0;  // ring slot of the next KV block to consume
-    u32 phase = 0, q_phase = 0;
+    int stage = 0, q_uses = 0;  // ring slot of the next KV block to consume; tiles that used a Q buffer
+    u32 phase = 0;
 
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-      const int h = tile % n_heads;
-      const int m = n_qblocks - 1 - tile / n_heads;
-      const int row_ptr = h * (n_qblocks + 1) + m;
-      const int start = __shfl_sync(0xffffffffu, offsets[row_ptr], 0);
-      const int n = __shfl_sync(0xffffffffu, offsets[row_ptr + 1], 0) - start;
-      const int wg_row0 = m * BLOCK_M + cw * 64;
-      const int row_a = wg_row0 + warp * 16 + g;  // this thread's rows: row_a and row_a + 8
+    for (int it = 0;; ++it) {
+      const int slot = it & 1;
+      mbar_wait(TILE_FULL(slot), (it >> 1) & 1);
+      const TileInfo ti = info[slot];
+      const int h = __shfl_sync(0xffffffffu, ti.h, 0);
+      if (h < 0) break;
+      const int n = __shfl_sync(0xffffffffu, ti.n, 0);
+      const int n_mask = __shfl_sync(0xffffffffu, ti.n_mask, 0);
+      const int q0 = __shfl_sync(0xffffffffu, ti.q0, 0);
+      const int q_end = min(q0 + __shfl_sync(0xffffffffu, ti.qn, 0), seq_len);  // rows stored: [q0, q_end)
+      const int split = __shfl_sync(0xffffffffu, ti.split, 0);
+      const int n_splits = __shfl_sync(0xffffffffu, ti.n_splits, 0);
+      const int row_id = __shfl_sync(0xffffffffu, ti.row, 0);
+      const int* lst = lists + slot * list_cap;
+      const int row_a = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row_a and row_a + 8
 
       float o[HEAD_DIM / 2];
 #pragma unroll
@@ -480,42 +686,49 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
       float m_a = neg_inf(), m_b = neg_inf(), l_a = 0.f, l_b = 0.f, corr_a, corr_b;
 
       if (n > 0) {
-        mbar_wait(bar_q, q_phase);
-        q_phase ^= 1;
+        const int qb = q_uses & 1;
+        const u32 q_base = sQ + qb * Q_BYTES + cw * 64 * 128;
+        const u32 q_empty = Q_EMPTY(qb);
+        mbar_wait(FULL_Q(qb), (q_uses >> 1) & 1);
+        ++q_uses;
 
-        // first block (normally the diagonal one)
-        int kb = __shfl_sync(0xffffffffu, indices[start], 0);
+        // Steps, in list order: the masked ones first (the blocks that need a mask are the list's prefix), then
+        // the unmasked ones, then, with PAIR, possibly a lone last block (its empty half is masked).
+        const int n_steps = (n + PER_STEP - 1) / PER_STEP;
+        const int masked_end = (n_mask + PER_STEP - 1) / PER_STEP;
+        const int tail_start = (PAIR && (n & 1) && n_steps - 1 >= masked_end) ? n_steps - 1 : n_steps;
+        StepKeys keys = step_keys(lst, 0, n);
         if (cw == 1) sched_pass(cw);  // warpgroup 0 goes first
         mbar_wait(FULL_K(stage), phase);
         sched_wait(cw);
         wgmma_fence();
         issue_qk(s, q_base, sK + stage * KV_BYTES);
         wgmma_commit();
-        if (cw == 0 || n > 1) sched_pass(cw);
+        if (cw == 0 || n_steps > 1) sched_pass(cw);
         wgmma_wait<0>();
         fence_regs<BLOCK_N / 2>(s);
         mbar_arrive(EMPTY_K(stage));
-        if (n == 1) mbar_arrive(bar_q_empty);
-        // Masking is decided per loop, not per block inside the pipelined body: a data-dependent branch while
-        // wgmmas are in flight makes ptxas serialise them (C7520). The list is descending, so the blocks that
-        // reach past this warpgroup's first row (diagonal, partial) are a prefix of it.
-        const int mask_above = wg_row0 - BLOCK_N + 1;  // block kb needs the causal mask iff kb * BLOCK_N > this
-        if (kb * BLOCK_N > mask_above)
-          softmax_block<true>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
+        if (n_steps == 1) mbar_arrive(q_empty);
+        // Masking is decided per loop, not per step inside the pipelined body: a data-dependent branch while
+        // wgmmas are in flight makes ptxas serialise them (C7520).
+        if (masked_end > 0 || tail_start == 0)
+          softmax_block<true>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, keys, row_a);
         else
-          softmax_block<false>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, kb * BLOCK_N, row_a);
+          softmax_block<false>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, keys, row_a);
         convert_p(s, p);
 
         int j = 1;
-        int kb_next = __shfl_sync(0xffffffffu, (n > 1) ? indices[start + 1] : 0, 0);
-        while (j < n && kb_next * BLOCK_N > mask_above) {
+        if (n_steps > 1) keys = step_keys(lst, 1, n);
+        for (; j < masked_end; ++j)
           mainloop_step<true>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
-                              phase, kb_next, indices, start, j, n, cw, bar_q_empty);
-          ++j;
-        }
-        for (; j < n; ++j)
+                              phase, keys, lst, j, n_steps, n, cw, q_empty);
+        for (; j < tail_start; ++j)
           mainloop_step<false>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
-                               phase, kb_next, indices, start, j, n, cw, bar_q_empty);
+                               phase, keys, lst, j, n_steps, n, cw, q_empty);
+        for (; j < n_steps; ++j)
+          mainloop_step<true>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
+                              phase, keys, lst, j, n_steps, n, cw, q_empty);
+        mbar_arrive(TILE_EMPTY(slot));  // the list is read: the scheduler may stage the tile after next here
         // last block's P V
         rescale_o(o, corr_a, corr_b);
         mbar_wait(FULL_V(stage), phase);
@@ -531,6 +744,8 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
           stage = 0;
           phase ^= 1;
         }
+      } else {
+        mbar_arrive(TILE_EMPTY(slot));
       }
 
       // ---------------- epilogue: normalise, store O (bf16) and the natural-log LSE ----------------
@@ -538,25 +753,82 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
       l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
       l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
       l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+      if (n_splits > 1) {
+        // Split-KV: store this part's unnormalised O, max and sum; the last part of the row to finish merges all.
+        const int ra = row_a - q0, rb = ra + 8;  // rows inside the query block
+        const long long slot0 = split_slot[row_id];  // this row's parts: workspace slots slot0 .. slot0 + n_splits - 1
+        float* mine = ws + (slot0 + split) * (BLOCK_M * (HEAD_DIM + 2));
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 8; ++i) {
+          *reinterpret_cast<float2*>(mine + ra * HEAD_DIM + 8 * i + 2 * c) = make_float2(o[4 * i + 0], o[4 * i + 1]);
+          *reinterpret_cast<float2*>(mine + rb * HEAD_DIM + 8 * i + 2 * c) = make_float2(o[4 * i + 2], o[4 * i + 3]);
+        }
+        if (c == 0) {
+          mine[BLOCK_M * HEAD_DIM + ra] = m_a;
+          mine[BLOCK_M * HEAD_DIM + rb] = m_b;
+          mine[BLOCK_M * HEAD_DIM + BLOCK_M + ra] = l_a;
+          mine[BLOCK_M * HEAD_DIM + BLOCK_M + rb] = l_b;
+        }
+        __threadfence();
+        consumers_sync();
+        if (tid == 128) {
+          const int prev = atomicAdd(arrivals + row_id, 1);
+          const int last = (prev == n_splits - 1);
+          if (last) arrivals[row_id] = 0;  // ready for the next launch
+          *last_flag = last;
+        }
+        consumers_sync();
+        // (tid 128 writes the flag again only after every consumer has passed the first barrier of a later tile)
+        if (!*last_flag) continue;
+        // Merge every part, this one's too, in part order: the result does not depend on which part came last.
+        __threadfence();
+        m_a = m_b = neg_inf();
+        l_a = l_b = 0.f;
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+        for (int sp = 0; sp < n_splits; ++sp) {
+          const float* part = ws + (slot0 + sp) * (BLOCK_M * (HEAD_DIM + 2));
+          const float m2a = __ldcg(part + BLOCK_M * HEAD_DIM + ra), m2b = __ldcg(part + BLOCK_M * HEAD_DIM + rb);
+          const float l2a = __ldcg(part + BLOCK_M * HEAD_DIM + BLOCK_M + ra);
+          const float l2b = __ldcg(part + BLOCK_M * HEAD_DIM + BLOCK_M + rb);
+          const float mxa = fmaxf(m_a, m2a), mxb = fmaxf(m_b, m2b);
+          const float offa = (mxa == neg_inf()) ? 0.f : mxa * sl2, offb = (mxb == neg_inf()) ? 0.f : mxb * sl2;
+          const float fa = ex2(m_a * sl2 - offa), f2a = ex2(m2a * sl2 - offa);
+          const float fb = ex2(m_b * sl2 - offb), f2b = ex2(m2b * sl2 - offb);
+#pragma unroll
+          for (int i = 0; i < HEAD_DIM / 8; ++i) {
+            const float2 xa = __ldcg(reinterpret_cast<const float2*>(part + ra * HEAD_DIM + 8 * i + 2 * c));
+            const float2 xb = __ldcg(reinterpret_cast<const float2*>(part + rb * HEAD_DIM + 8 * i + 2 * c));
+            o[4 * i + 0] = o[4 * i + 0] * fa + xa.x * f2a;
+            o[4 * i + 1] = o[4 * i + 1] * fa + xa.y * f2a;
+            o[4 * i + 2] = o[4 * i + 2] * fb + xb.x * f2b;
+            o[4 * i + 3] = o[4 * i + 3] * fb + xb.y * f2b;
+          }
+          l_a = l_a * fa + l2a * f2a;
+          l_b = l_b * fb + l2b * f2b;
+          m_a = mxa;
+          m_b = mxb;
+        }
+      }
       const float inv_a = (l_a > 0.f) ? 1.f / l_a : 0.f;
       const float inv_b = (l_b > 0.f) ? 1.f / l_b : 0.f;
       const int row_b = row_a + 8;
-      const long long head_off = (long long)h * seq_len * HEAD_DIM;
-      if (row_a < seq_len) {
-        u32* dst = reinterpret_cast<u32*>(out + head_off + (long long)row_a * HEAD_DIM + 2 * c);
+      bf16_t* out_h = out + (long long)h * out_head_stride + 2 * c;
+      if (row_a < q_end) {
+        u32* dst = reinterpret_cast<u32*>(out_h + (long long)row_a * out_row_stride);
 #pragma unroll
         for (int i = 0; i < HEAD_DIM / 8; ++i) dst[4 * i] = pack_bf16(o[4 * i + 0] * inv_a, o[4 * i + 1] * inv_a);
       }
-      if (row_b < seq_len) {
-        u32* dst = reinterpret_cast<u32*>(out + head_off + (long long)row_b * HEAD_DIM + 2 * c);
+      if (row_b < q_end) {
+        u32* dst = reinterpret_cast<u32*>(out_h + (long long)row_b * out_row_stride);
 #pragma unroll
         for (int i = 0; i < HEAD_DIM / 8; ++i) dst[4 * i] = pack_bf16(o[4 * i + 2] * inv_b, o[4 * i + 3] * inv_b);
       }
       if (write_lse && c == 0) {
         const float ln2 = 0.6931471805599453f;
-        if (row_a < seq_len)
+        if (row_a < q_end)
           lse[(long long)h * seq_len + row_a] = (l_a > 0.f) ? (m_a * sl2 + lg2(l_a)) * ln2 : neg_inf();
-        if (row_b < seq_len)
+        if (row_b < q_end)
           lse[(long long)h * seq_len + row_b] = (l_b > 0.f) ? (m_b * sl2 + lg2(l_b)) * ln2 : neg_inf();
       }
     }

@@ -1,10 +1,13 @@
-"""Bit vectors + prompt layout → per-layer CSR block lists (SPEC §6, §7), in vectorised PyTorch.
+"""Bit vectors + block table → per-layer CSR block lists (SPEC §6–§7 v2), in vectorised PyTorch.
 
-Block (qb, kb) is computed iff some allowed (query, key) pair with key <= query lies in it. The allowed pairs are
-a union of rectangles (prefix rows × their causal keys, doc rows × prefix keys, doc rows × CA-selected pages of
-earlier docs, LA-selected tiles inside a doc, suffix rows × everything), so the rule is evaluated exactly on
-intervals: a rectangle reaches a block iff the two intersect and the largest row of the intersection is >= its
-smallest column. Runs on whatever device the bits are on; the CUDA decoder must produce identical lists.
+Blocks follow the prompt's segments (block_table.py). Block (qb, kb) is computed iff some allowed (query, key)
+pair with key <= query lies in it. The allowed pairs are a union of rectangles (prefix rows × their causal keys,
+doc rows × prefix keys, doc rows × CA-selected pages of earlier docs, LA-selected tiles inside a doc, suffix rows
+× everything), so the rule is evaluated exactly on intervals: a rectangle reaches a block iff the two intersect
+and the largest row of the intersection is >= its smallest column. Each row's list comes out in canonical order
+(the blocks that need a mask first, then the rest, each group descending). Runs on whatever device the bits are
+on; the CUDA decoder (cuda/decode.py) produces identical lists. Also here: the reports' measures, cell density and
+`cells_over_allowed` (SPEC §6: causal pairs computed over pairs the token rule allows).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import torch
 
 from .attention.base import BlockLists
 from .bits import n_pages, n_tiles
+from .block_table import BlockTable
 from .layout import PromptBits
 
 
@@ -49,28 +53,31 @@ def doc_ca_pages(bits: PromptBits, d: int, layer: int) -> torch.Tensor:
     return _unpack_bits(bits.ca[start: start + H * cb].view(H, cb), p)
 
 
-def _pieces(start: int, length: int, tile: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                              torch.Tensor]:
-    """Split [start, start + length) at tile and block boundaries.
+def _pieces(start: int, length: int, tile: int, block_starts: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split [start, start + length) at tile boundaries (from `start`) and at the blocks' first tokens.
 
-    Returns (tile index, block index, first token, last token) of each piece, global token coordinates.
-    """
-    cuts = set(range(start, start + length, tile)) | set(range(_ceil_div(start, block) * block, start + length, block))
-    cuts.add(start)
-    firsts = torch.tensor(sorted(cuts), dtype=torch.int64, device=device)
+    Returns (tile index, block index, first token, last token) of each piece, global token coordinates."""
+    device = block_starts.device
+    cuts = torch.arange(start, start + length, tile, device=device)
+    inside = block_starts[(block_starts > start) & (block_starts < start + length)].long()
+    firsts = torch.unique(torch.cat([cuts, inside]))  # sorted
     lasts = torch.cat([firsts[1:] - 1, torch.tensor([start + length - 1], device=device)])
-    return (firsts - start) // tile, firsts // block, firsts, lasts
+    blocks = torch.searchsorted(block_starts.long(), firsts, right=True) - 1
+    return (firsts - start) // tile, blocks, firsts, lasts
 
 
-def block_mask_for_layer(bits: PromptBits, layer: int, block_m: int = 128, block_n: int = 64) -> torch.Tensor:
-    """bool [H, M, N]: which blocks layer `layer` computes for every head."""
+def block_mask_for_layer(bits: PromptBits, layer: int, table: BlockTable) -> torch.Tensor:
+    """bool [H, M, N]: which blocks of `table` layer `layer` computes for every head."""
     lay = bits.layout
     device = bits.la.device
-    H, L, T = bits.n_heads, lay.seq_len, bits.tile
-    M, N = _ceil_div(L, block_m), _ceil_div(L, block_n)
-    q_first = torch.arange(M, device=device) * block_m
-    q_last = torch.clamp(q_first + block_m, max=L) - 1
-    k_first = torch.arange(N, device=device) * block_n
+    table = table.to(device)
+    H, T = bits.n_heads, bits.tile
+    M, N = table.n_query_blocks, table.n_kv_blocks
+    q_first = table.q_start.long()
+    q_last = q_first + table.q_len.long() - 1
+    k_first = table.kv_start.long()
+    k_doc = table.kv_doc.long()
     mask = torch.zeros(H, M, N, dtype=torch.bool, device=device)
 
     # Dense rows (prefix and suffix): keys up to the block's last dense row.
@@ -81,36 +88,30 @@ def block_mask_for_layer(bits: PromptBits, layer: int, block_m: int = 128, block
     if lay.suffix_len:
         dense_last = torch.where(q_last >= lay.docs_end, q_last, dense_last)
     mask |= (k_first[None, :] <= dense_last[:, None])[None]
-
     if not lay.docs:
         return mask
 
     # Doc rows see the whole prefix (keys all precede the rows: causality holds).
     has_doc_rows = (q_last >= lay.prefix_len) & (q_first < lay.docs_end)
-    if lay.prefix_len:
-        mask |= (has_doc_rows[:, None] & (k_first[None, :] < lay.prefix_len))[None]
+    mask |= (has_doc_rows[:, None] & (k_doc[None, :] == -1))[None]
 
-    # CA: rows of doc d see the selected pages of docs m < d. The set grows with d, so a query block needs
-    # only the set of the last doc it touches.
-    ca_blocks = torch.zeros(H, N, dtype=torch.bool, device=device)  # blocks of selected pages of docs so far
-    ca_before = []
-    last_doc_of_block = torch.full((M,), -1, dtype=torch.int64, device=device)
+    # CA: rows of doc d see the selected pages of docs m < d; a KV block lies in one document, so it is reached
+    # from a query block iff its document precedes the block's last document and one of its pages is selected.
+    doc_starts = torch.tensor([d.start for d in lay.docs], dtype=torch.int64, device=device)
+    last_doc = torch.searchsorted(doc_starts, torch.clamp(q_last, max=lay.docs_end - 1), right=True) - 1
+    last_doc = torch.where(has_doc_rows, last_doc, torch.full_like(last_doc, -1))
+    ca_block = torch.zeros(H, N, dtype=torch.int32, device=device)
     for d, span in enumerate(lay.docs):
-        ca_before.append(ca_blocks)
-        last_doc_of_block[span.start // block_m: (span.end - 1) // block_m + 1] = d
-        pages = doc_ca_pages(bits, d, layer)  # [H, P]
-        page_idx, kb, _, _ = _pieces(span.start, span.n_tokens, T, block_n, device)
-        hits = torch.zeros(H, N, dtype=torch.int32, device=device).index_add_(1, kb, pages[:, page_idx].int())
-        ca_blocks = ca_blocks | (hits > 0)
-    reach = torch.stack(ca_before, 1)[:, last_doc_of_block.clamp(min=0)]  # [H, M, N]
-    reach &= (last_doc_of_block >= 0)[None, :, None]
-    mask |= reach
+        page, kb, _, _ = _pieces(span.start, span.n_tokens, T, table.kv_start)
+        ca_block.index_add_(1, kb, doc_ca_pages(bits, d, layer)[:, page].int())
+    reach = (k_doc[None, :] >= 0) & (k_doc[None, :] < last_doc[:, None])  # [M, N]
+    mask |= (ca_block > 0)[:, None, :] & reach[None]
 
     # LA: selected tiles inside each doc, exact on the diagonal band.
     for d, span in enumerate(lay.docs):
         tiles = doc_la_tiles(bits, d, layer)  # [H, P, P]
-        r_tile, r_block, _, r_last = _pieces(span.start, span.n_tokens, T, block_m, device)
-        c_tile, c_block, c_first, _ = _pieces(span.start, span.n_tokens, T, block_n, device)
+        r_tile, r_block, _, r_last = _pieces(span.start, span.n_tokens, T, table.q_start)
+        c_tile, c_block, c_first, _ = _pieces(span.start, span.n_tokens, T, table.kv_start)
         visible = r_last[:, None] >= c_first[None, :]  # [R, C]
         pairs = tiles[:, r_tile][:, :, c_tile] & visible[None]  # [H, R, C]
         rows_to_qb = torch.zeros(M, r_tile.numel(), device=device)
@@ -121,55 +122,46 @@ def block_mask_for_layer(bits: PromptBits, layer: int, block_m: int = 128, block
     return mask
 
 
-def block_lists_from_mask(mask: torch.Tensor, block_m: int, block_n: int, seq_len: int) -> BlockLists:
-    """bool [H, M, N] → CSR with each row's KV blocks in descending order."""
+def block_lists_from_mask(mask: torch.Tensor, table: BlockTable) -> BlockLists:
+    """bool [H, M, N] → CSR lists in canonical order: per row the blocks that need a mask (table.needs_mask) first,
+    then the others, each group in descending block order."""
     H, M, N = mask.shape
+    table = table.to(mask.device)
+    order_key = torch.arange(N, device=mask.device)[None, :] + N * table.needs_mask().long()  # [M, N]
+    key = torch.where(mask, order_key[None].expand(H, M, N), torch.full_like(order_key[None], -1).expand(H, M, N))
+    order = torch.argsort(key, dim=-1, descending=True, stable=True)
+    listed = torch.gather(mask, -1, order)
+    indices = order[listed].to(torch.int32)  # row-major: (h, m) ascending, each row in canonical order
     counts = mask.sum(-1).reshape(-1).to(torch.int64)
     ends = torch.cumsum(counts, 0)
     offsets = torch.empty(H, M + 1, dtype=torch.int32, device=mask.device)
     offsets[:, :M] = (ends - counts).view(H, M).to(torch.int32)
-    offsets[:, M] = ends.view(H, M)[:, -1].to(torch.int32)
-    flipped = torch.nonzero(mask.flip(-1))  # row-major: (h, m) ascending, flipped column ascending
-    indices = (N - 1 - flipped[:, 2]).to(torch.int32)
-    return BlockLists(offsets, indices.contiguous(), block_m, block_n, seq_len, mask)
+    offsets[:, M] = ends.view(H, M)[:, -1].to(torch.int32) if M else 0
+    return BlockLists(offsets, indices.contiguous(), table, mask)
 
 
-def decode_layer(bits: PromptBits, layer: int, block_m: int = 128, block_n: int = 64) -> BlockLists:
-    """SPEC §7 CSR lists for one layer."""
-    return block_lists_from_mask(block_mask_for_layer(bits, layer, block_m, block_n), block_m, block_n,
-                            bits.layout.seq_len)
+def decode_layer(bits: PromptBits, layer: int, table: BlockTable) -> BlockLists:
+    """SPEC §7 CSR lists for one layer over `table`."""
+    return block_lists_from_mask(block_mask_for_layer(bits, layer, table), table)
 
 
-def dense_block_lists(seq_len: int, n_heads: int, block_m: int = 128, block_n: int = 64, device=None) -> BlockLists:
-    """Every causal block: what full recompute computes."""
-    M, N = _ceil_div(seq_len, block_m), _ceil_div(seq_len, block_n)
-    q_last = torch.clamp(torch.arange(M, device=device) * block_m + block_m, max=seq_len) - 1
-    k_first = torch.arange(N, device=device) * block_n
-    mask = (k_first[None, :] <= q_last[:, None]).expand(n_heads, M, N)
-    return block_lists_from_mask(mask.contiguous(), block_m, block_n, seq_len)
+def dense_block_lists(table: BlockTable, n_heads: int) -> BlockLists:
+    """Every causal block of every head: what full recompute computes."""
+    M, N = table.n_query_blocks, table.n_kv_blocks
+    causal = torch.arange(N, device=table.device)[None, :] <= table.last_causal_kv_block()[:, None]
+    return block_lists_from_mask(causal[None].expand(n_heads, M, N).contiguous(), table)
 
 
-def causal_cells_per_block(seq_len: int, block_m: int, block_n: int, device=None) -> torch.Tensor:
-    """int64 [M, N]: number of (i, j) pairs with j <= i inside each block."""
-    M, N = _ceil_div(seq_len, block_m), _ceil_div(seq_len, block_n)
-    a = (torch.arange(M, device=device) * block_m)[:, None]
-    b = torch.clamp(a + block_m, max=seq_len) - 1
-    c = (torch.arange(N, device=device) * block_n)[None, :]
-    d = torch.clamp(c + block_n, max=seq_len) - 1
-    lo, hi = torch.maximum(a, c), torch.minimum(b, d)  # rows seeing part of the block: i - c + 1 keys each
-    n1 = torch.clamp(hi - lo + 1, min=0)
-    part1 = n1 * (lo - c + 1) + n1 * (n1 - 1) // 2
-    full_from = torch.maximum(a, d + 1)  # rows seeing the whole block width
-    part2 = torch.clamp(b - full_from + 1, min=0) * (d - c + 1)
-    return part1 + part2
+def computed_cells(blocks: BlockLists) -> int:
+    """Causal (query, key) pairs inside the listed blocks, over all heads."""
+    cells = blocks.table.causal_cells().to(blocks.offsets.device)
+    return int((blocks.dense_mask().to(torch.int64) * cells[None]).sum())
 
 
 def cell_density(blocks: BlockLists) -> float:
     """Computed (query, key) cells over all causal cells, across heads (the STUDY's density)."""
-    cells = causal_cells_per_block(blocks.seq_len, blocks.block_m, blocks.block_n, blocks.offsets.device)
-    computed = (blocks.dense_mask().to(torch.int64) * cells[None]).sum()
     L = blocks.seq_len
-    return float(computed) / (blocks.n_heads * L * (L + 1) / 2)
+    return computed_cells(blocks) / max(1.0, blocks.n_heads * L * (L + 1) / 2)
 
 
 def mean_densities(block_lists: list[BlockLists]) -> tuple[float, float]:
@@ -177,3 +169,31 @@ def mean_densities(block_lists: list[BlockLists]) -> tuple[float, float]:
     cells = sum(cell_density(b) for b in block_lists) / len(block_lists)
     blocks = sum(b.computed_blocks() for b in block_lists) / sum(b.causal_blocks() for b in block_lists)
     return cells, blocks
+
+
+def allowed_cells(bits: PromptBits, layer: int) -> int:
+    """(query, key) pairs the token rule of SPEC §6 allows at one layer, over all heads, counted from the bits."""
+    lay = bits.layout
+    H, T, P = bits.n_heads, bits.tile, lay.prefix_len
+    total = H * P * (P + 1) // 2
+    suffix_rows = torch.arange(lay.docs_end, lay.seq_len, dtype=torch.int64)
+    total += H * int((suffix_rows + 1).sum())
+    ca_tokens = torch.zeros(H, dtype=torch.int64, device=bits.la.device)  # selected CA keys of the docs so far
+    for d, span in enumerate(lay.docs):
+        n = span.n_tokens
+        pages = n_pages(n, T)
+        size = torch.full((pages,), T, dtype=torch.int64, device=ca_tokens.device)
+        size[-1] = n - T * (pages - 1)
+        cells = size[:, None] * size[None, :]
+        cells.diagonal().copy_(size * (size + 1) // 2)
+        total += int((doc_la_tiles(bits, d, layer).to(torch.int64) * torch.tril(cells)[None]).sum())
+        total += H * n * P + n * int(ca_tokens.sum())
+        ca_tokens += (doc_ca_pages(bits, d, layer).to(torch.int64) * size[None, :]).sum(-1)
+    return total
+
+
+def cells_over_allowed(bits: PromptBits, layers: list[BlockLists]) -> float:
+    """SPEC §6's fidelity measure over every layer: causal pairs computed over pairs the token rule allows."""
+    computed = sum(computed_cells(b) for b in layers)
+    allowed = sum(allowed_cells(bits, layer) for layer in range(len(layers)))
+    return computed / max(1, allowed)

@@ -1,7 +1,15 @@
-"""Full recompute and SIFT on the same prompt, in one process: timings, agreement and both answers."""
+"""Full recompute and SIFT on the same prompt, in one process: timings, agreement and both answers.
+
+SIFT's time to first token counts moving the prompt's bit vectors to the device, decoding every layer's block
+lists (and the backend's own preparation) and the forward. Each forward is timed three ways: wall time, host time
+(until Python has enqueued the whole forward) and GPU time (CUDA events), so a report shows whether a run is
+bound by the host or by the GPU. With `cuda_graphs`, the decode and the forward of each mode are captured once per
+prompt and replayed; the capture is reported apart from the time to first token.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -12,8 +20,9 @@ import torch
 from .attention.backends import get_backend
 from .attention.base import BlockLists
 from .attention.cuda import CudaBackend
-from .attention.integration import prepare_plan, sparse_attention
-from .block_lists import cell_density, decode_layer
+from .attention.integration import SparsePlan, prepare_plan, sparse_attention
+from .block_lists import cell_density, cells_over_allowed, decode_layer
+from .block_table import QUERY_BLOCKS, BlockTable
 from .cuda.decode import CudaDecoder
 from .errors import SiftError
 from .layout import PromptBits
@@ -22,19 +31,22 @@ from .prompt import Prompt, assemble
 from .shards.reader import ShardSet
 
 
+@dataclass(frozen=True)
+class PrefillOptions:
+    backend: str = "auto"
+    block_m: int = 128
+    block_n: int = 64
+    query_blocks: str = "segment"  # "segment" or "grid" (block_table.py)
+    cuda_graphs: bool = False
+    repeat: int = 3
+    warmup: int = 1
+    max_new_tokens: int = 16
+
+
 def sync_device(device) -> None:
     """Wait for the device's queued work (timings that include the GPU's time); a no-op off CUDA."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def decode_all_layers(bits: PromptBits, n_layers: int, block_m: int, block_n: int,
-                      decoder: str = "torch") -> list[BlockLists]:
-    """Every layer's CSR lists, with the PyTorch decoder or the CUDA kernel (bits already on the device)."""
-    if decoder == "cuda":
-        dec = CudaDecoder(bits, block_m, block_n)
-        return [dec.layer(layer) for layer in range(n_layers)]
-    return [decode_layer(bits, layer, block_m, block_n) for layer in range(n_layers)]
 
 
 def choose_decoder(device: torch.device) -> str:
@@ -44,47 +56,169 @@ def choose_decoder(device: torch.device) -> str:
     return "cuda" if CudaBackend.available(device)[0] else "torch"
 
 
+def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decoder: str = "torch"
+                      ) -> tuple[list[BlockLists], tuple | None]:
+    """Every layer's CSR lists over `table` (bits already on the device), and, from the CUDA decoder, the stacked
+    (offsets, indices) of all layers. The CUDA decoder never waits for the device."""
+    if decoder == "cuda":
+        dec = CudaDecoder(bits, table)
+        return [dec.layer(layer) for layer in range(n_layers)], (dec.offsets, dec.indices)
+    return [decode_layer(bits, layer, table) for layer in range(n_layers)], None
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def prepare_sparse(lm: LoadedModel, bits: PromptBits, table: BlockTable, backend, decoder: str) -> SparsePlan:
+    """Decode every layer and let the backend prepare its per-prompt form, with no device synchronisation. The
+    CUDA decoder runs on a side stream: the forward's first sparse layer waits for it, so the decode overlaps
+    the embedding and the first layer's projections instead of adding to the time to first token."""
+    if decoder != "cuda" or not hasattr(backend, "prepare") or "ready" not in backend.prepare.__code__.co_varnames:
+        block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder)
+        return prepare_plan(backend, table, block_lists, stacked)
+    dev = lm.device
+    main = torch.cuda.current_stream(dev)
+    side = _SIDE_STREAMS.get(dev)
+    if side is None:
+        side = _SIDE_STREAMS[dev] = torch.cuda.Stream(dev)
+    # The side stream first waits for everything queued on the main one, so memory it allocates here and frees
+    # later is only reused by side-stream work that starts after the forward that read it.
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder)
+        attend = backend.prepare(table, block_lists, stacked, ready=side.record_event())
+    return SparsePlan(backend.name, table, block_lists, attend)
+
+
 @dataclass
-class SparseRun:
+class Timing:
+    wall_ms: float
+    host_ms: float  # until the forward was enqueued (equals wall on a CPU)
+    gpu_ms: float | None  # CUDA-event time of the forward (None on a CPU)
+
+
+@dataclass
+class ForwardRun:
     logits: torch.Tensor  # fp32 [vocab] at the last position
     past: object
+    timing: Timing
+
+
+def _forward(lm: LoadedModel, ids: torch.Tensor, context) -> tuple[torch.Tensor, object]:
+    with context:
+        out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1], out.past_key_values
+
+
+@torch.inference_mode()
+def timed(lm: LoadedModel, fn) -> tuple[object, Timing]:
+    """Run fn() (which enqueues device work) and time it: wall, host (enqueue) and GPU (events)."""
+    dev = lm.device
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        result = fn()
+        ms = (time.perf_counter() - t0) * 1e3
+        return result, Timing(ms, ms, None)
+    sync_device(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    result = fn()
+    end.record()
+    t1 = time.perf_counter()
+    end.synchronize()
+    t2 = time.perf_counter()
+    return result, Timing((t2 - t0) * 1e3, (t1 - t0) * 1e3, start.elapsed_time(end))
+
+
+@dataclass
+class SparseRun:
+    logits: torch.Tensor
+    past: object
     transfer_ms: float
-    decode_ms: float
-    forward_ms: float
-    block_lists: list[BlockLists] = field(repr=False)
+    prepare: Timing  # decode of every layer + the backend's preparation
+    forward: Timing
+    plan: SparsePlan = field(repr=False)
 
     @property
     def ttft_ms(self) -> float:
-        return self.transfer_ms + self.decode_ms + self.forward_ms
+        return self.transfer_ms + self.prepare.wall_ms + self.forward.wall_ms
 
 
 @torch.inference_mode()
-def dense_prefill(lm: LoadedModel, ids: torch.Tensor):
+def dense_prefill(lm: LoadedModel, ids: torch.Tensor) -> ForwardRun:
+    (logits, past), t = timed(lm, lambda: _forward(lm, ids, contextlib.nullcontext()))
+    return ForwardRun(logits.float(), past, t)
+
+
+def prompt_table(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable, float]:
+    """The prompt's bits on the device and its block table; returns the transfer time (ms) too."""
+    sync_device(device)
     t0 = time.perf_counter()
-    out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    sync_device(lm.device)
-    return out.logits[0, -1].float(), out.past_key_values, (time.perf_counter() - t0) * 1e3
+    bits = prompt.bits.to(device)  # every layer's bit vectors go to the device once per prompt
+    table = BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks, device)
+    sync_device(device)
+    return bits, table, (time.perf_counter() - t0) * 1e3
 
 
 @torch.inference_mode()
-def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, block_m: int, block_n: int,
+def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                    decoder: str = "torch") -> SparseRun:
-    dev = lm.device
-    sync_device(dev)
-    t0 = time.perf_counter()
-    bits = prompt.bits.to(dev)  # every layer's bit vectors go to the device once per prompt
-    sync_device(dev)
-    t1 = time.perf_counter()
-    block_lists = decode_all_layers(bits, lm.n_layers, block_m, block_n, decoder)
-    plan = prepare_plan(backend, block_lists)
-    sync_device(dev)
-    t2 = time.perf_counter()
-    with sparse_attention(lm.model, plan):
-        out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    sync_device(dev)
-    t3 = time.perf_counter()
-    return SparseRun(out.logits[0, -1].float(), out.past_key_values, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
-                     (t3 - t2) * 1e3, block_lists)
+    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device)
+    plan, prep = timed(lm, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+    (logits, past), fwd = timed(lm, lambda: _forward(lm, ids, sparse_attention(lm.model, plan)))
+    return SparseRun(logits.float(), past, transfer_ms, prep, fwd, plan)
+
+
+class GraphedPrefill:
+    """One mode's prefill of one prompt captured as a CUDA graph (decode and forward; static shapes): `replay()`
+    returns (logits, past) computed again; `capture_ms` is what building it cost."""
+
+    def __init__(self, lm: LoadedModel, ids: torch.Tensor, sparse_setup=None):
+        self.lm = lm
+        self.ids = ids.clone()
+        t0 = time.perf_counter()
+
+        def step():
+            if sparse_setup is None:
+                return _forward(lm, self.ids, contextlib.nullcontext()) + (None,)
+            plan = sparse_setup()
+            return _forward(lm, self.ids, sparse_attention(lm.model, plan)) + (plan,)
+
+        side = torch.cuda.Stream(lm.device)
+        side.wait_stream(torch.cuda.current_stream(lm.device))
+        with torch.inference_mode(), torch.cuda.stream(side):
+            step()  # warm up outside the graph: compilation, autotuning, allocator pools
+        torch.cuda.current_stream(lm.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self.logits, self.past, self.plan = step()
+        sync_device(lm.device)
+        self.capture_ms = (time.perf_counter() - t0) * 1e3
+
+    def replay(self) -> tuple[torch.Tensor, object]:
+        self.graph.replay()
+        return self.logits, self.past
+
+
+def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict:
+    logp = torch.log_softmax(dense.double(), -1)
+    logq = torch.log_softmax(sparse.double(), -1)
+    kl = float((logp.exp() * (logp - logq)).sum())
+    return {"first_token_match": int(dense.argmax()) == int(sparse.argmax()),
+            "max_abs_logit_diff": float((dense - sparse).abs().max()), "kl": max(kl, 0.0),
+            "dense_first_token": int(dense.argmax()), "sift_first_token": int(sparse.argmax())}
+
+
+def density_report(block_lists: list[BlockLists], bits: PromptBits | None = None) -> dict:
+    per_layer = [{"layer": i, "blocks": b.density(), "cells": cell_density(b)} for i, b in enumerate(block_lists)]
+    computed = sum(b.computed_blocks() for b in block_lists)
+    causal = sum(b.causal_blocks() for b in block_lists)
+    report = {"blocks": computed / causal, "cells": sum(r["cells"] for r in per_layer) / len(per_layer),
+              "computed_blocks": computed, "causal_blocks": causal, "per_layer": per_layer}
+    if bits is not None:
+        report["cells_over_allowed"] = cells_over_allowed(bits.to(block_lists[0].offsets.device), block_lists)
+    return report
 
 
 @torch.inference_mode()
@@ -103,73 +237,137 @@ def greedy_generate(lm: LoadedModel, logits: torch.Tensor, past, max_new_tokens:
     return tokens
 
 
-def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict:
-    logp = torch.log_softmax(dense.double(), -1)
-    logq = torch.log_softmax(sparse.double(), -1)
-    kl = float((logp.exp() * (logp - logq)).sum())
-    return {"first_token_match": int(dense.argmax()) == int(sparse.argmax()),
-            "max_abs_logit_diff": float((dense - sparse).abs().max()), "kl": max(kl, 0.0),
-            "dense_first_token": int(dense.argmax()), "sift_first_token": int(sparse.argmax())}
+def _timing_json(runs: list[Timing]) -> dict:
+    med = statistics.median
+    out = {"ttft_ms": med(t.wall_ms for t in runs), "runs_ms": [t.wall_ms for t in runs],
+           "host_ms": med(t.host_ms for t in runs)}
+    gpu = [t.gpu_ms for t in runs if t.gpu_ms is not None]
+    out["gpu_ms"] = med(gpu) if gpu else None
+    return out
 
 
-def density_report(block_lists: list[BlockLists]) -> dict:
-    per_layer = [{"layer": i, "blocks": b.density(), "cells": cell_density(b)} for i, b in enumerate(block_lists)]
-    computed = sum(b.computed_blocks() for b in block_lists)
-    causal = sum(b.causal_blocks() for b in block_lists)
-    return {"blocks": computed / causal, "cells": sum(r["cells"] for r in per_layer) / len(per_layer),
-            "computed_blocks": computed, "causal_blocks": causal, "per_layer": per_layer}
+def _bound(t: dict) -> str | None:
+    """Which side limits the forward: the GPU is idle for part of it when host time ≈ wall time > GPU time."""
+    if t.get("gpu_ms") is None:
+        return None
+    return "host" if t["gpu_ms"] < 0.85 * t["ttft_ms"] else "gpu"
 
 
-def run_prefill(lm: LoadedModel, prompt: Prompt, backend_name: str = "auto", repeat: int = 3,
-                max_new_tokens: int = 16, block_m: int = 128, block_n: int = 64, warmup: int = 1) -> dict:
-    """Dense and SIFT prefill of `prompt`, side by side; returns the report as a plain dict."""
-    backend = get_backend(backend_name, lm.device)
+def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillOptions(),
+                progress=None) -> dict:
+    """Dense and SIFT prefill of `prompt`, side by side; returns the report as a plain dict.
+
+    progress: optional callable(done, total) called after every forward."""
+    backend = get_backend(opts.backend, lm.device)
     decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
-    for _ in range(max(0, warmup)):  # compile / autotune / allocate outside the timed runs
-        dense_prefill(lm, ids)
-        sparse_prefill(lm, prompt, backend, ids, block_m, block_n, decoder)
-    dense_times, sift_runs = [], []
-    for _ in range(max(1, repeat)):
-        d_logits, d_past, ms = dense_prefill(lm, ids)
-        dense_times.append(ms)
-        sift_runs.append(sparse_prefill(lm, prompt, backend, ids, block_m, block_n, decoder))
-    s = sift_runs[-1]
+    total = (max(0, opts.warmup) + max(1, opts.repeat)) * 2
+    done = 0
+
+    def tick():
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    graphs = None
+    if opts.cuda_graphs:
+        if lm.device.type != "cuda":
+            raise SiftError("--cuda-graphs needs a CUDA device")
+        graphs = _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick)
+        d_logits, d_past, dense_times, s, sift_times, transfer_ms, block_lists = graphs["results"]
+        prep_ms = None
+    else:
+        for _ in range(max(0, opts.warmup)):  # compile / autotune / allocate outside the timed runs
+            dense_prefill(lm, ids)
+            tick()
+            sparse_prefill(lm, prompt, backend, ids, opts, decoder)
+            tick()
+        dense_runs, sift_runs = [], []
+        for _ in range(max(1, opts.repeat)):
+            dense_runs.append(dense_prefill(lm, ids))
+            tick()
+            sift_runs.append(sparse_prefill(lm, prompt, backend, ids, opts, decoder))
+            tick()
+        d_logits, d_past = dense_runs[-1].logits, dense_runs[-1].past
+        dense_times = [r.timing for r in dense_runs]
+        s = sift_runs[-1]
+        sift_times = [Timing(r.ttft_ms, r.transfer_ms + r.prepare.host_ms + r.forward.host_ms,
+                             None if r.forward.gpu_ms is None else r.prepare.gpu_ms + r.forward.gpu_ms)
+                      for r in sift_runs]
+        transfer_ms = statistics.median(r.transfer_ms for r in sift_runs)
+        prep_ms = statistics.median(r.prepare.wall_ms for r in sift_runs)
+        block_lists = s.plan.block_lists
+    s_logits, s_past = (s.logits, s.past) if not graphs else s
     med = statistics.median
-    dense_ms, sift_ms = med(dense_times), med(r.ttft_ms for r in sift_runs)
-    decode_ms = med(r.decode_ms for r in sift_runs)
-    dense_tokens = greedy_generate(lm, d_logits, d_past, max_new_tokens)
-    sift_tokens = greedy_generate(lm, s.logits, s.past, max_new_tokens)
+    dense_t, sift_t = _timing_json(dense_times), _timing_json(sift_times)
+    dense_tokens = greedy_generate(lm, d_logits.float(), d_past, opts.max_new_tokens)
+    sift_tokens = greedy_generate(lm, s_logits.float(), s_past, opts.max_new_tokens)
     tok = lm.tokenizer
-    return {
+    sift_t.update(transfer_ms=transfer_ms, decode_ms=prep_ms,
+                  forward_ms=None if graphs else med(r.forward.wall_ms for r in sift_runs),
+                  text=tok.decode(sift_tokens, skip_special_tokens=True), bound=_bound(sift_t))
+    dense_t.update(text=tok.decode(dense_tokens, skip_special_tokens=True), bound=_bound(dense_t))
+    report = {
         "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-        "backend": backend.name, "decoder": decoder, "block_m": block_m, "block_n": block_n,
-        "tile_size": prompt.bits.tile, "doc_ids": prompt.doc_ids,
-        "prompt_tokens": prompt.segment_tokens(),
-        "density": density_report(s.block_lists),
-        "dense": {"ttft_ms": dense_ms, "runs_ms": dense_times, "text": tok.decode(dense_tokens,
-                                                                                   skip_special_tokens=True)},
-        "sift": {"ttft_ms": sift_ms, "runs_ms": [r.ttft_ms for r in sift_runs],
-                 "transfer_ms": med(r.transfer_ms for r in sift_runs), "decode_ms": decode_ms,
-                 "forward_ms": med(r.forward_ms for r in sift_runs),
-                 "text": tok.decode(sift_tokens, skip_special_tokens=True)},
-        "speedup": dense_ms / sift_ms if sift_ms > 0 else None,
-        "decode_ms": decode_ms, "decode_share_of_ttft": decode_ms / sift_ms if sift_ms > 0 else None,
+        "backend": backend.name, "decoder": decoder, "block_m": opts.block_m, "block_n": opts.block_n,
+        "query_blocks": opts.query_blocks, "tile_size": prompt.bits.tile, "doc_ids": prompt.doc_ids,
+        "prompt_tokens": prompt.segment_tokens(), "cuda_graphs": bool(graphs),
+        "density": density_report(block_lists, prompt.bits),
+        "dense": dense_t, "sift": sift_t,
+        "speedup": dense_t["ttft_ms"] / sift_t["ttft_ms"] if sift_t["ttft_ms"] > 0 else None,
+        "decode_ms": prep_ms,
+        "decode_share_of_ttft": prep_ms / sift_t["ttft_ms"] if prep_ms is not None and sift_t["ttft_ms"] else None,
         "same_answer": dense_tokens == sift_tokens,
         "metadata_bytes": prompt.bits.nbytes(),
-        **compare_logits(d_logits, s.logits),
+        **compare_logits(d_logits.float(), s_logits.float()),
     }
+    if graphs:
+        report["capture_ms"] = {"dense": graphs["dense_capture_ms"], "sift": graphs["sift_capture_ms"]}
+        report["graph_logits_equal_eager"] = graphs["equal_eager"]
+    return report
+
+
+def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
+    """Dense and SIFT each captured once, then replayed `repeat` times; also checks the graph's SIFT logits
+    against an eager SIFT prefill of the same prompt (same kernels, same order: they must be equal)."""
+    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device)
+    dense = GraphedPrefill(lm, ids)
+    sift = GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+    for _ in range(max(0, opts.warmup)):
+        dense.replay()
+        tick()
+        sift.replay()
+        tick()
+    dense_times, sift_times = [], []
+    for _ in range(max(1, opts.repeat)):
+        (d_logits, d_past), t = timed(lm, dense.replay)
+        dense_times.append(t)
+        tick()
+        (s_logits, s_past), t = timed(lm, sift.replay)
+        sift_times.append(Timing(t.wall_ms + transfer_ms, t.host_ms + transfer_ms, t.gpu_ms))
+        tick()
+    eager = sparse_prefill(lm, prompt, backend, ids, opts, decoder)
+    s_logits = s_logits.float().clone()
+    return {"results": (d_logits.float().clone(), d_past, dense_times, (s_logits, s_past), sift_times,
+                        transfer_ms, sift.plan.block_lists),
+            "dense_capture_ms": dense.capture_ms, "sift_capture_ms": sift.capture_ms,
+            "equal_eager": bool(torch.equal(eager.logits, s_logits))}
+
+
+def check_options(opts: PrefillOptions) -> None:
+    if opts.block_n not in (64, 128) or opts.block_m not in (64, 128, 192, 256):
+        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256")
+    if opts.query_blocks not in QUERY_BLOCKS:
+        raise SiftError(f"--query-blocks must be one of {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
 
 
 def prefill_from_shards(shards_dir: str | Path, doc_ids: list[str], query: str, model: str | None = None,
-                        backend: str = "auto", device: str | None = "auto", dtype: str | None = "auto",
-                        max_new_tokens: int = 16, repeat: int = 3, block_m: int = 128, block_n: int = 64,
-                        trust_remote_code: bool = False, online: bool = False) -> dict:
+                        device: str | None = "auto", dtype: str | None = "auto", opts: PrefillOptions = PrefillOptions(),
+                        trust_remote_code: bool = False, online: bool = False, progress=None) -> dict:
     """`sift prefill`: the prompt of `doc_ids` and `query` from a shard set, dense and SIFT side by side."""
-    if block_n not in (64, 128) or block_m not in (64, 128, 192, 256):
-        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256")
+    check_options(opts)
     shards = ShardSet(shards_dir)
     lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
     prompt = assemble(shards, lm, doc_ids, query)
-    return run_prefill(lm, prompt, backend, repeat=repeat, max_new_tokens=max_new_tokens, block_m=block_m,
-                       block_n=block_n)
+    return run_prefill(lm, prompt, opts, progress=progress)

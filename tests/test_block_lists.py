@@ -1,13 +1,19 @@
-"""decode_layer against a brute-force token-level construction of SPEC §6."""
+"""Block tables and decode_layer against a brute-force token-level construction of SPEC §6 (v2: blocks follow the
+segments), the canonical list order, and cells_over_allowed counted by brute force."""
 
 import numpy as np
 import pytest
 import torch
 
 from sift_cli.attention.base import BlockLists
-from sift_cli.block_lists import (block_mask_for_layer, causal_cells_per_block, cell_density, decode_layer,
-                             dense_block_lists)
+from sift_cli.block_lists import (allowed_cells, block_mask_for_layer, cell_density, cells_over_allowed,
+                                  computed_cells, decode_layer, dense_block_lists)
+from sift_cli.block_table import BlockTable
 from sift_cli.layout import PromptLayout, random_prompt_bits
+
+# lengths at and around block boundaries, empty prefix/suffix, one-token documents, a suffix shorter than a block
+AWKWARD = [(16, [300, 65, 1, 127, 900], 20), (0, [64, 63, 129], 0), (1, [1], 1), (63, [1000, 129, 64, 65], 127),
+           (0, [2048], 3), (48, [511, 513, 7, 700], 96), (5, [], 7)]
 
 
 def random_prompt(rng, tile, n_layers=2, n_heads=3, doc_lengths=None, prefix_len=None, suffix_len=None,
@@ -39,69 +45,111 @@ def brute_force_token_mask(layout: PromptLayout, truth, tile, layer, n_heads):
     return allowed & np.tril(np.ones((L, L), dtype=bool))
 
 
-def blocks_from_tokens(token_mask, block_m, block_n):
-    H, L, _ = token_mask.shape
-    M, N = -(-L // block_m), -(-L // block_n)
-    padded = np.zeros((H, M * block_m, N * block_n), dtype=bool)
-    padded[:, :L, :L] = token_mask
-    return padded.reshape(H, M, block_m, N, block_n).any(axis=(2, 4))
+def blocks_from_tokens(token_mask, table: BlockTable):
+    """bool [H, M, N]: the table's blocks holding some allowed pair."""
+    rows, keys = (t.numpy() for t in table.token_blocks())
+    H = token_mask.shape[0]
+    out = np.zeros((H, table.n_query_blocks, table.n_kv_blocks), dtype=bool)
+    for h in range(H):
+        i, j = np.nonzero(token_mask[h])
+        out[h, rows[i], keys[j]] = True
+    return out
 
 
 @pytest.mark.parametrize("tile", [16, 64, 128, 256])
 @pytest.mark.parametrize("blocks", [(128, 64), (128, 128), (64, 64)])
-def test_decode_matches_brute_force(tile, blocks):
+@pytest.mark.parametrize("query_blocks", ["segment", "grid"])
+def test_decode_matches_brute_force(tile, blocks, query_blocks):
     rng = np.random.default_rng(tile * 1000 + blocks[0] + blocks[1])
-    block_m, block_n = blocks
-    for trial in range(6):
+    for trial in range(4):
         pb, truth = random_prompt(rng, tile)
+        table = BlockTable.for_layout(pb.layout, *blocks, query_blocks)
         for layer in range(pb.n_layers):
-            want = blocks_from_tokens(brute_force_token_mask(pb.layout, truth, tile, layer, pb.n_heads),
-                                      block_m, block_n)
-            got = block_mask_for_layer(pb, layer, block_m, block_n).numpy()
-            assert (got == want).all(), (trial, layer, pb.layout)
-            lay = decode_layer(pb, layer, block_m, block_n)
-            from_csr = BlockLists(lay.offsets, lay.indices, block_m, block_n, lay.seq_len)  # no cached mask
+            token_mask = brute_force_token_mask(pb.layout, truth, tile, layer, pb.n_heads)
+            want = blocks_from_tokens(token_mask, table)
+            assert (block_mask_for_layer(pb, layer, table).numpy() == want).all(), (trial, layer, pb.layout)
+            lists = decode_layer(pb, layer, table)
+            from_csr = BlockLists(lists.offsets, lists.indices, table)  # no cached mask
             assert (from_csr.dense_mask().numpy() == want).all()
+            assert allowed_cells(pb, layer) == int(token_mask.sum())
 
 
-def test_short_unaligned_segments():
-    rng = np.random.default_rng(7)
-    pb, truth = random_prompt(rng, 16, doc_lengths=[1, 5, 17, 3, 130, 2], prefix_len=13, suffix_len=1,
-                              la_p=0.2, ca_p=0.5)
+@pytest.mark.parametrize("prefix,docs,suffix", AWKWARD)
+@pytest.mark.parametrize("query_blocks", ["segment", "grid"])
+def test_awkward_segments(prefix, docs, suffix, query_blocks):
+    rng = np.random.default_rng(len(docs) + prefix)
+    pb, truth = random_prompt(rng, 64, doc_lengths=docs, prefix_len=prefix, suffix_len=suffix, la_p=0.3, ca_p=0.3)
+    table = BlockTable.for_layout(pb.layout, 128, 64, query_blocks)
+    rows, keys = (t.numpy() for t in table.token_blocks())
+    causal = np.tril(np.ones((table.seq_len,) * 2, bool))
+    layers, computed, allowed = [], 0, 0
     for layer in range(pb.n_layers):
-        want = blocks_from_tokens(brute_force_token_mask(pb.layout, truth, 16, layer, pb.n_heads), 128, 64)
-        assert (block_mask_for_layer(pb, layer).numpy() == want).all()
+        token_mask = brute_force_token_mask(pb.layout, truth, 64, layer, pb.n_heads)
+        lists = decode_layer(pb, layer, table)
+        assert (lists.dense_mask().numpy() == blocks_from_tokens(token_mask, table)).all()
+        cells = int((lists.dense_mask().numpy()[:, rows][:, :, keys] & causal).sum())
+        assert computed_cells(lists) == cells
+        layers.append(lists)
+        computed += cells
+        allowed += int(token_mask.sum())
+    # SPEC §6's fidelity measure, by brute force: causal pairs inside listed blocks over allowed pairs
+    assert cells_over_allowed(pb, layers) == pytest.approx(computed / allowed)
 
 
-def test_csr_is_descending_and_consistent():
+def test_table_blocks_follow_segments():
+    lay = PromptLayout.build(16, ["a", "b"], [130, 64], 20)
+    t = BlockTable.for_layout(lay, 128, 64)
+    assert t.kv_start.tolist() == [0, 16, 80, 144, 146, 210]
+    assert t.kv_len.tolist() == [16, 64, 64, 2, 64, 20]
+    assert t.kv_doc.tolist() == [-1, 0, 0, 0, 1, 2]
+    assert t.q_start.tolist() == [0, 16, 144, 146, 210] and t.q_len.tolist() == [16, 128, 2, 64, 20]
+    g = BlockTable.for_layout(lay, 128, 64, "grid")
+    assert g.q_start.tolist() == [0, 128] and g.q_len.tolist() == [128, 102]
+    assert int(t.causal_cells().sum()) == lay.seq_len * (lay.seq_len + 1) // 2
+
+
+def test_lists_are_canonical_and_consistent():
+    """Per row: the blocks that need a mask (partial, or reaching past the row block's first row) first, then the
+    rest, each group descending; the diagonal block leads."""
     rng = np.random.default_rng(3)
     pb, _ = random_prompt(rng, 64, doc_lengths=[300, 500, 129], prefix_len=40, suffix_len=70)
-    lay = decode_layer(pb, 1)
-    off, idx = lay.offsets.long(), lay.indices.long()
-    H, M1 = off.shape
-    assert off[0, 0] == 0 and off[-1, -1] == idx.numel()
-    assert (off[1:, 0] == off[:-1, -1]).all()
-    for h in range(H):
-        for m in range(M1 - 1):
-            row = idx[off[h, m]: off[h, m + 1]]
-            assert row.numel() >= 1
-            assert (row[:-1] > row[1:]).all()  # strictly descending
-            diag = min((m + 1) * 128, lay.seq_len) - 1
-            assert int(row[0]) == diag // 64  # diagonal block first
+    for query_blocks in ("segment", "grid"):
+        table = BlockTable.for_layout(pb.layout, 128, 64, query_blocks)
+        lists = decode_layer(pb, 1, table)
+        need = table.needs_mask()
+        off, idx = lists.offsets.long(), lists.indices.long()
+        H, M1 = off.shape
+        assert off[0, 0] == 0 and off[-1, -1] == idx.numel()
+        assert (off[1:, 0] == off[:-1, -1]).all()
+        last = table.last_causal_kv_block()
+        for h in range(H):
+            for m in range(M1 - 1):
+                row = idx[off[h, m]: off[h, m + 1]]
+                assert row.numel() >= 1
+                flags = need[m, row]
+                n_mask = int(flags.sum())
+                assert flags[:n_mask].all() and not flags[n_mask:].any()  # masked group first
+                for part in (row[:n_mask], row[n_mask:]):
+                    assert (part[:-1] > part[1:]).all()  # each group strictly descending
+                assert int(row[0]) == int(last[m])  # diagonal block first
 
 
 def test_all_bits_set_is_dense():
     rng = np.random.default_rng(11)
     pb, _ = random_prompt(rng, 64, doc_lengths=[200, 77, 400], la_p=1.1, ca_p=1.1)
-    lay = decode_layer(pb, 0)
-    dense = dense_block_lists(pb.layout.seq_len, pb.n_heads)
-    assert torch.equal(lay.offsets, dense.offsets) and torch.equal(lay.indices, dense.indices)
-    assert lay.density() == 1.0 and abs(cell_density(lay) - 1.0) < 1e-12
+    table = BlockTable.for_layout(pb.layout, 128, 64)
+    lists = decode_layer(pb, 0, table)
+    dense = dense_block_lists(table, pb.n_heads)
+    assert torch.equal(lists.offsets, dense.offsets) and torch.equal(lists.indices, dense.indices)
+    assert lists.density() == 1.0 and abs(cell_density(lists) - 1.0) < 1e-12
+    assert cells_over_allowed(pb, [decode_layer(pb, layer, table) for layer in range(pb.n_layers)]) == 1.0
 
 
 @pytest.mark.parametrize("L", [1, 63, 64, 65, 127, 128, 129, 1000])
 def test_causal_cells(L):
-    cells = causal_cells_per_block(L, 128, 64)
+    table = BlockTable.causal(L, 128, 64)
+    cells = table.causal_cells()
     assert int(cells.sum()) == L * (L + 1) // 2
-    ref = blocks_from_tokens(np.tril(np.ones((1, L, L), dtype=bool)), 128, 64)
+    ref = blocks_from_tokens(np.tril(np.ones((1, L, L), dtype=bool)), table)
     assert ((cells.numpy() > 0) == ref[0]).all()
+    assert table.causal_block_count() == int(ref.sum())

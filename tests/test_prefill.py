@@ -5,12 +5,14 @@ import json
 import pytest
 import torch
 
-from sift_cli.attention.reference import block_sparse_attention
-from sift_cli.block_lists import dense_block_lists
+from sift_cli.attention.backends import get_backend
+from sift_cli.attention.reference import ReferenceBackend, block_sparse_attention
+from sift_cli.block_lists import block_lists_from_mask, dense_block_lists
+from sift_cli.block_table import BlockTable
 from sift_cli.config import ProfileConfig
 from sift_cli.errors import SiftError
 from sift_cli.models import load_model
-from sift_cli.prefill import dense_prefill, run_prefill, sparse_prefill
+from sift_cli.prefill import PrefillOptions, dense_prefill, run_prefill, sparse_prefill
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
 from sift_cli.shards.reader import ShardSet
@@ -30,12 +32,10 @@ def all_bits(tmp_path, tiny_lm, small_corpus):
 def test_reference_paths_agree():
     torch.manual_seed(0)
     q, k, v = torch.randn(6, 200, 16), torch.randn(2, 200, 16), torch.randn(2, 200, 16)
-    mask = torch.rand(6, 4, 4) < 0.5
-    mask |= torch.eye(4, dtype=torch.bool)[None, :4, :4]
-    mask &= torch.ones(4, 4, dtype=torch.bool).tril()
-    from sift_cli.block_lists import block_lists_from_mask
-
-    lay = block_lists_from_mask(mask[:, :2, :].repeat_interleave(1, 1), 128, 64, 200)
+    table = BlockTable.causal(200, 128, 64)
+    causal = torch.arange(4)[None, :] <= table.last_causal_kv_block()[:, None]
+    mask = ((torch.rand(6, 2, 4) < 0.5) | table.needs_mask()[None]) & causal[None]
+    lay = block_lists_from_mask(mask, table)
     fast = block_sparse_attention(q, k, v, lay, 0.25)
     slow, lse = block_sparse_attention(q, k, v, lay, 0.25, return_lse=True)
     assert torch.allclose(fast, slow, atol=1e-5) and torch.isfinite(lse).all()
@@ -45,19 +45,19 @@ def test_all_bits_set_equals_dense_to_fp32_rounding(tiny_lm, all_bits):
     ids = ["doc00", "doc07", "doc09", "doc11", "doc03"]
     prompt = assemble(all_bits, tiny_lm, ids, "What jumps over the dog?")
     x = torch.tensor([prompt.input_ids])
-    dense_logits, _, _ = dense_prefill(tiny_lm, x)
-    from sift_cli.attention.reference import ReferenceBackend
-
-    run_ = sparse_prefill(tiny_lm, prompt, ReferenceBackend(), x, 128, 64)
-    assert all(lay.density() == 1.0 for lay in run_.block_lists)
-    assert torch.allclose(dense_logits, run_.logits, atol=1e-4, rtol=1e-5)
-    dense = dense_block_lists(prompt.layout.seq_len, tiny_lm.n_heads)
-    assert torch.equal(run_.block_lists[0].indices, dense.indices)
+    dense_logits = dense_prefill(tiny_lm, x).logits
+    for be in (ReferenceBackend(), get_backend("gather", tiny_lm.device)):
+        run_ = sparse_prefill(tiny_lm, prompt, be, x, PrefillOptions())
+        lists = run_.plan.block_lists
+        assert all(b.density() == 1.0 for b in lists)
+        assert torch.allclose(dense_logits, run_.logits, atol=1e-4, rtol=1e-5), be.name
+        dense = dense_block_lists(run_.plan.table, tiny_lm.n_heads)
+        assert torch.equal(lists[0].indices, dense.indices)
 
 
 def test_sparse_prefill_cache_continues_densely(tiny_lm, all_bits):
     prompt = assemble(all_bits, tiny_lm, ["doc01", "doc09"], "Which zebras jump?")
-    r = run_prefill(tiny_lm, prompt, "reference", repeat=1, max_new_tokens=6, warmup=0)
+    r = run_prefill(tiny_lm, prompt, PrefillOptions(backend="reference", repeat=1, max_new_tokens=6, warmup=0))
     assert r["same_answer"] and r["first_token_match"] and r["kl"] < 1e-8
     assert r["density"]["blocks"] == 1.0
 

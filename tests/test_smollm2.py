@@ -56,7 +56,7 @@ def test_nq_five_documents_same_first_token(smol, tmp_path):
     """A 5-passage NQ prompt: SIFT at the default thresholds gives the same first token as full recompute."""
     from sift_cli.lab.datasets import nq_items, nq_passages, write_jsonl
     from sift_cli.profile.job import profile_corpus
-    from sift_cli.prefill import run_prefill
+    from sift_cli.prefill import PrefillOptions, run_prefill
     from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet
 
@@ -66,9 +66,10 @@ def test_nq_five_documents_same_first_token(smol, tmp_path):
     corpus = write_jsonl([passages[d] for d in item.doc_ids], tmp_path / "nq.jsonl")
     profile_corpus(corpus, tmp_path / "shards", smol, ProfileConfig(), num_shards=1)
     prompt = assemble(ShardSet(tmp_path / "shards"), smol, list(item.doc_ids), item.question)
-    r = run_prefill(smol, prompt, "reference", repeat=1, max_new_tokens=8, warmup=0)
+    r = run_prefill(smol, prompt, PrefillOptions(backend="gather", repeat=1, max_new_tokens=8, warmup=0))
     assert r["first_token_match"], r
     assert r["kl"] < 0.05 and 0 < r["density"]["blocks"] <= 1
+    assert 1.0 <= r["density"]["cells_over_allowed"] < 1.05  # real profiles, document-aligned blocks
     for key in ("prompt_tokens", "density", "speedup", "decode_ms", "first_token_match", "kl"):
         assert key in r
 
@@ -80,7 +81,7 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
     from sift_cli.attention.reference import ReferenceBackend
     from sift_cli.lab.datasets import write_jsonl
     from sift_cli.profile.job import profile_corpus
-    from sift_cli.prefill import dense_prefill, sparse_prefill
+    from sift_cli.prefill import PrefillOptions, dense_prefill, sparse_prefill
     from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet
 
@@ -89,8 +90,8 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
     profile_corpus(corpus, tmp_path / "s", smol, ProfileConfig(alpha=0.0, beta=0.0, gamma=0.0), num_shards=1)
     prompt = assemble(ShardSet(tmp_path / "s"), smol, [d["id"] for d in docs], "Which module reads CSV files?")
     ids = torch.tensor([prompt.input_ids])
-    dense, _, _ = dense_prefill(smol, ids)
-    run = sparse_prefill(smol, prompt, ReferenceBackend(), ids, 128, 64)
-    assert all(lay.density() == 1.0 for lay in run.block_lists)
+    dense = dense_prefill(smol, ids).logits
+    run = sparse_prefill(smol, prompt, ReferenceBackend(), ids, PrefillOptions())
+    assert all(lay.density() == 1.0 for lay in run.plan.block_lists)
     assert float((dense - run.logits).abs().max()) < 1e-4  # fp32 rounding (measured: 0.0)
     assert int(dense.argmax()) == int(run.logits.argmax())

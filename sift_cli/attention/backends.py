@@ -8,9 +8,10 @@ from ..errors import SiftError
 from .base import AttentionBackend
 from .cuda import CudaBackend
 from .flex import FlexBackend
+from .gather import GatherBackend
 from .reference import ReferenceBackend
 
-BACKENDS = ("auto", "reference", "flex", "cuda")
+BACKENDS = ("auto", "gather", "reference", "flex", "cuda")
 
 
 def _hopper(device: torch.device) -> bool:
@@ -27,12 +28,15 @@ def _cupy_ok() -> bool:
 
 def get_backend(name: str, device: torch.device) -> AttentionBackend:
     """A backend by name. `auto` is the only choice that may pick among them: cuda on a Hopper GPU with CuPy,
-    else flex on a GPU, else reference."""
+    else flex on a GPU, else gather (the CPU path whose cost follows the listed blocks). `reference` computes
+    every score and masks: it is for checking, not for speed."""
     if name == "auto":
         if _hopper(device) and _cupy_ok():
             name = "cuda"
         else:
-            name = "flex" if device.type == "cuda" else "reference"
+            name = "flex" if device.type == "cuda" else "gather"
+    if name == "gather":
+        return GatherBackend()
     if name == "reference":
         return ReferenceBackend()
     if name == "flex":

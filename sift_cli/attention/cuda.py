@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..cuda.attention import sparse_attention_forward
+from ..cuda.attention import SparseAttentionPlan, sparse_attention_forward, stack_block_lists, work_order
+from ..cuda.runtime import sm_count
 from ..errors import SiftError
 from .base import BlockLists
 
@@ -14,8 +15,8 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, pingpong: bool = True):
-        self.pingpong = pingpong
+    def __init__(self, pair: bool | None = None, split: bool = True):
+        self.pair, self.split = pair, split
 
     @staticmethod
     def available(device: torch.device | str | None = None) -> tuple[bool, str]:
@@ -36,4 +37,26 @@ class CudaBackend:
                 return_lse: bool = False):
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
-        return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pingpong=self.pingpong)
+        return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split)
+
+    def prepare(self, table, block_lists: list[BlockLists], stacked=None, ready=None):
+        """attend(layer, q, k, v, scale) over every layer's lists, launched through one SparseAttentionPlan (built
+        at the first call, when the heads and head dim are known); the work order of every layer is computed here.
+        ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
+        offsets, indices = stacked if stacked is not None else stack_block_lists(block_lists)
+        per_step = 2 if (self.pair if self.pair is not None else table.block_n == 64) else 1
+        work = work_order(offsets, per_step, sm_count(offsets.device), split_max=8 if self.split else 1)
+        state: dict = {}
+
+        def attend(layer, q, k, v, scale):
+            plan = state.get("plan")
+            if plan is None:
+                if q.dtype != torch.bfloat16:
+                    raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
+                if ready is not None:
+                    torch.cuda.current_stream(q.device).wait_event(ready)
+                plan = state["plan"] = SparseAttentionPlan(table, offsets, indices, q.shape[0], k.shape[0],
+                                                           q.shape[2], scale, self.pair, self.split, work=work)
+            return plan(layer, q, k, v, scale=scale)
+
+        return attend

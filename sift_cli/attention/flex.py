@@ -1,7 +1,10 @@
-"""FlexAttention backend: a BlockMask built straight from the CSR lists, compiled once per shape.
+"""FlexAttention backend: a BlockMask on FlexAttention's own uniform grid covering the CSR lists, compiled once
+per shape.
 
-Blocks entirely below the diagonal go to the "full" lists (no mask function is evaluated on them); the rest
-carry the causal mask_mod.
+Our blocks follow the prompt's segments (block_table.py), FlexAttention's are a global grid, so a flex block is
+listed when it overlaps a listed block; the mask_mod then keeps exactly the pairs of listed blocks (a lookup of
+the [H, M, N] block mask through each token's query and KV block) and causality. Flex blocks that lie wholly
+below the diagonal and wholly inside listed blocks go to the "full" lists, where no mask_mod is evaluated.
 """
 
 from __future__ import annotations
@@ -24,41 +27,52 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
+def _overlap(starts: torch.Tensor, lengths: torch.Tensor, block: int, n_flex: int) -> torch.Tensor:
+    """float [n_ours, n_flex]: 1 where our block [start, start + length) overlaps flex block [f * block, ...)."""
+    first = starts.long() // block
+    last = (starts.long() + lengths.long() - 1) // block
+    f = torch.arange(n_flex, device=starts.device)
+    return ((f[None, :] >= first[:, None]) & (f[None, :] <= last[:, None])).float()
 
 
-def block_mask_from_lists(blocks: BlockLists, exact_mask_mod: bool = False):
-    """BlockMask listing the same blocks. Compiled flex skips unlisted blocks itself, so the mask_mod only states
-    causality; exact_mask_mod also looks each block up, so that eager (uncompiled) flex, which applies only the
-    mask_mod, computes the same function (tests; the captured [H, M, N] tensor is too costly for long prompts)."""
+def block_mask_from_lists(blocks: BlockLists, block_size: tuple[int, int] | None = None):
+    """BlockMask computing exactly the pairs of the listed blocks (and causality), on a (128, block_n) flex grid."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    dev = blocks.offsets.device
-    H, M, N = blocks.n_heads, blocks.n_query_blocks, blocks.n_kv_blocks
-    L, BM, BN = blocks.seq_len, blocks.block_m, blocks.block_n
-    mask = blocks.dense_mask()  # [H, M, N]
-    q_first = torch.arange(M, device=dev) * BM
-    k_first = torch.arange(N, device=dev) * BN
-    full_shape = ((k_first[None, :] + BN - 1 <= q_first[:, None])  # every pair causal
-                  & (q_first[:, None] + BM <= L) & (k_first[None, :] + BN <= L))  # and in bounds
-    full = mask & full_shape[None]
-    partial = mask & ~full_shape[None]
+    table = blocks.table.to(blocks.offsets.device)
+    dev = table.device
+    L = table.seq_len
+    FBM, FBN = block_size or (table.block_m, table.block_n)
+    FM, FN = -(-L // FBM), -(-L // FBN)
+    mask = blocks.dense_mask().to(dev)  # [H, M, N]
+    a_q = _overlap(table.q_start, table.q_len, FBM, FM)  # [M, FM]
+    a_k = _overlap(table.kv_start, table.kv_len, FBN, FN)  # [N, FN]
+    listed = torch.einsum("mf,hmn,ng->hfg", a_q, mask.float(), a_k)  # listed blocks overlapping each flex block
+    touching = a_q.sum(0)[:, None] * a_k.sum(0)[None, :]  # all of our blocks overlapping it
+    q_first = torch.arange(FM, device=dev) * FBM
+    k_first = torch.arange(FN, device=dev) * FBN
+    causal = k_first[None, :] <= torch.clamp(q_first + FBM, max=L)[:, None] - 1
+    below = ((k_first[None, :] + FBN - 1 <= q_first[:, None])  # every pair causal
+             & (q_first[:, None] + FBM <= L) & (k_first[None, :] + FBN <= L))  # and in bounds
+    any_listed = (listed > 0) & causal[None]
+    full = any_listed & (listed == touching[None]) & below[None]
+    partial = any_listed & ~full
 
     def lists(m):
         counts = m.sum(-1, dtype=torch.int32)
-        # sort selected block ids first (stable, ascending) and keep them as the index list
+        # selected block ids first (stable, ascending), kept as the index list
         order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)
         return counts[None].contiguous(), order[None].contiguous()
 
     kv_num, kv_idx = lists(partial)
     full_num, full_idx = lists(full)
-    mask_mod = _causal
-    if exact_mask_mod:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (q_idx >= kv_idx) & mask[h, q_idx // BM, kv_idx // BN]
+    row_block, key_block = table.token_blocks()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & mask[h, row_block[q_idx], key_block[kv_idx]]
+
     # compute_q_blocks builds the transposed lists only the backward pass reads: skip it (forward only)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(BM, BN), mask_mod=mask_mod,
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(FBM, FBN), mask_mod=mask_mod,
                                     seq_lengths=(L, L), compute_q_blocks=False)
 
 
@@ -73,8 +87,14 @@ class FlexBackend:
     def __init__(self):
         self._options: dict[int, dict | None] = {}  # block_n → kernel_options that compiled
 
-    def prepare(self, blocks: BlockLists):
-        return block_mask_from_lists(blocks)
+    def prepare(self, table, block_lists: list[BlockLists], stacked=None):
+        """attend(layer, q, k, v, scale) with every layer's BlockMask built once per prompt."""
+        masks = [block_mask_from_lists(b) for b in block_lists]
+
+        def attend(layer, q, k, v, scale):
+            return self.forward(q, k, v, block_lists[layer], scale, plan=masks[layer])
+
+        return attend
 
     def forward(self, q, k, v, blocks: BlockLists, scale, return_lse=False, plan=None):
         from torch.nn.attention.flex_attention import AuxRequest

@@ -4,41 +4,52 @@ A registered attention implementation ("sift") replaces only the attention produ
 KV cache and the MLP stay the model's own. Outside a `sparse_attention(...)` block, and for generation steps (one
 query against a longer cache), it computes ordinary dense attention, so generation continues densely from
 the KV cache the sparse prefill wrote.
+
+Everything that depends only on the prompt is prepared once (`prepare_plan`): the backend turns the prompt's
+block table and every layer's lists into an `attend(layer, q, k, v, scale)` function, so a layer's call does no
+more host work than the attention call itself.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from ..block_table import BlockTable
 from .base import BlockLists
 from .swap import swapped_attention
 
 ATTN_NAME = "sift"
 _local = threading.local()
 
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
 
 @dataclass
 class SparsePlan:
-    backend: object
-    block_lists: list[BlockLists]  # one per layer
-    plans: list  # backend-specific prepared form of each layer's lists (or None)
+    """One prompt's sparse attention for every layer: `attend(layer, q [H, L, D], k, v [H_kv, L, D], scale)` →
+    out, an [H, L, D]-indexed tensor."""
+
+    backend_name: str
+    table: BlockTable
+    block_lists: list[BlockLists] = field(repr=False)  # one per layer
+    attend: Attend = field(repr=False)
 
 
 def _dense(query, key, value, scaling):
     group = query.shape[1] // key.shape[1]
-    if group > 1:
-        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     causal = query.shape[2] > 1 and query.shape[2] == key.shape[2]
     if not causal and query.shape[2] > 1:  # queries appended to a cache: causal with an offset
         offset = key.shape[2] - query.shape[2]
         i = torch.arange(query.shape[2], device=query.device)[:, None] + offset
         mask = torch.arange(key.shape[2], device=query.device)[None, :] <= i
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
-    return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                              enable_gqa=group > 1)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=group > 1)
 
 
 def sift_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -47,18 +58,23 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     if plan is None or query.shape[2] != key.shape[2] or query.shape[2] == 1:
-        return _dense(query, key, value, scaling).transpose(1, 2).contiguous(), None
+        return _dense(query, key, value, scaling).transpose(1, 2), None
     if query.shape[0] != 1:
         raise ValueError("sparse prefill runs one prompt at a time (batch 1)")
-    layer = module.layer_idx
-    extra = {} if plan.plans[layer] is None else {"plan": plan.plans[layer]}
-    out = plan.backend.forward(query[0], key[0], value[0], plan.block_lists[layer], scaling, **extra)
-    return out.transpose(0, 1).unsqueeze(0).contiguous(), None
+    out = plan.attend(module.layer_idx, query[0], key[0], value[0], scaling)  # [H, L, D]-indexed
+    return out.transpose(0, 1).unsqueeze(0), None  # the model reshapes (and copies only if it must)
 
 
-def prepare_plan(backend, block_lists: list[BlockLists]) -> SparsePlan:
-    prep = getattr(backend, "prepare", None)
-    return SparsePlan(backend, block_lists, [prep(lay) if prep else None for lay in block_lists])
+def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stacked=None) -> SparsePlan:
+    """The backend's per-prompt form of every layer's lists. stacked: (offsets [n_layers, H, M + 1], indices
+    [n_layers, capacity]) when the lists come from one decode of all layers (the cuda backend uses it as is)."""
+    prepare = getattr(backend, "prepare", None)
+    if prepare is not None:
+        attend = prepare(table, block_lists, stacked)
+    else:
+        def attend(layer, q, k, v, scale):
+            return backend.forward(q, k, v, block_lists[layer], scale)
+    return SparsePlan(backend.name, table, block_lists, attend)
 
 
 def sparse_attention(model, plan: SparsePlan):

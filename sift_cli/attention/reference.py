@@ -1,5 +1,8 @@
 """Ground-truth block-sparse attention in plain PyTorch: dense scores, the block mask of SPEC §6, softmax.
 
+A listed block (qb, kb) allows every causal pair (i, j) with row i in query block qb and key j in KV block kb of
+the prompt's block table (blocks follow the segments, so a key outside a partial block's range is never in it).
+
 Every other backend is checked against this one. Without LSE it runs the masked softmax through SDPA with a
 boolean [H, L, L] mask in fp32; with LSE it materialises each head's [L, L] scores explicitly. Either way it is
 for tests, CPU runs and modest lengths, not for speed.
@@ -14,17 +17,22 @@ from __future__ import annotations
 
 import torch
 
+from ..block_table import BlockTable
 from .base import BlockLists
 
 BAND_ROWS = 512  # query rows per band in the banded mode
 
 
-def expand_block_mask(blocks: torch.Tensor, block_m: int, block_n: int, seq_len: int) -> torch.Tensor:
-    """Boolean [..., M, N] block mask → [..., L, L] token mask, intersected with causality."""
-    mask = blocks.repeat_interleave(block_m, dim=-2)[..., :seq_len, :]
-    mask = mask.repeat_interleave(block_n, dim=-1)[..., :seq_len]
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=mask.device).tril()
-    return mask & causal
+def expand_block_mask(blocks: torch.Tensor, table: BlockTable, rows: slice | None = None,
+                      keys: int | None = None) -> torch.Tensor:
+    """Boolean [..., M, N] block mask → [..., R, K] token mask for query rows `rows` (default all) and the first
+    `keys` keys (default all), intersected with causality."""
+    row_block, key_block = table.to(blocks.device).token_blocks()
+    rows = rows or slice(0, table.seq_len)
+    keys = table.seq_len if keys is None else keys
+    mask = blocks[..., row_block[rows], :][..., key_block[:keys]]
+    pos = torch.arange(table.seq_len, device=blocks.device)
+    return mask & (pos[None, :keys] <= pos[rows, None])
 
 
 def block_sparse_attention(
@@ -47,7 +55,7 @@ def block_sparse_attention(
     mask = blocks.dense_mask().to(q.device)
     if not return_lse:
         # The same masked softmax through SDPA (all heads at once, no [H, L, L] fp32 scores held).
-        allowed = expand_block_mask(mask, blocks.block_m, blocks.block_n, L)
+        allowed = expand_block_mask(mask, blocks.table)
         out = torch.nn.functional.scaled_dot_product_attention(
             q.to(compute_dtype)[None], k.to(compute_dtype)[None], v.to(compute_dtype)[None], attn_mask=allowed[None],
             scale=scale, enable_gqa=group > 1)
@@ -58,7 +66,7 @@ def block_sparse_attention(
         kh = k[h // group].to(compute_dtype)
         vh = v[h // group].to(compute_dtype)
         s = (q[h].to(compute_dtype) @ kh.T) * scale
-        allowed = expand_block_mask(mask[h], blocks.block_m, blocks.block_n, L)
+        allowed = expand_block_mask(mask[h], blocks.table)
         s = s.masked_fill(~allowed, float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - row_lse[:, None])
@@ -73,23 +81,16 @@ def banded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     → out [H, L, D] in q's dtype."""
     H, L, _ = q.shape
     group = H // k.shape[0]
-    bm, bn = blocks.block_m, blocks.block_n
     mask = blocks.dense_mask().to(q.device)  # [H, M, N]
-    rows = max(bm, rows // bm * bm)
     kf = k.to(compute_dtype)
     vf = v.to(compute_dtype)
     if group > 1:
         kf, vf = kf.repeat_interleave(group, 0), vf.repeat_interleave(group, 0)
     out = torch.empty(q.shape[:2] + (v.shape[-1],), dtype=q.dtype, device=q.device)
-    pos = torch.arange(L, device=q.device)
     for r0 in range(0, L, rows):
         r1 = min(L, r0 + rows)
         s = torch.matmul(q[:, r0:r1].to(compute_dtype), kf[:, :r1].transpose(1, 2)).mul_(scale)  # [H, R, r1]
-        row_blk = pos[r0:r1] // bm
-        col_blk = pos[:r1] // bn
-        allowed = mask[:, row_blk][:, :, col_blk]  # [H, R, r1]
-        allowed &= pos[None, :r1] <= pos[r0:r1, None]
-        s.masked_fill_(~allowed, float("-inf"))
+        s.masked_fill_(~expand_block_mask(mask, blocks.table, slice(r0, r1), r1), float("-inf"))
         out[:, r0:r1] = torch.matmul(torch.softmax(s, dim=-1), vf[:, :r1]).to(q.dtype)
     return out
 

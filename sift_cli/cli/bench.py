@@ -63,7 +63,8 @@ def bench_prefill(
     lengths: str = typer.Option("8k,16k,32k,64k", "--lengths"),
     pattern: str = typer.Option("paper", "--pattern", help="8B-shaped model's bits: paper (drawn at LA 27.3% / CA "
                                                            "5.8%) or sampled (from SmolLM2 profiles)"),
-    doc_tokens: int = typer.Option(2048, "--doc-tokens", help="document length in the prompts"),
+    doc_tokens: str = typer.Option("300-3000", "--doc-tokens", help="document length in the prompts: N, or LO-HI "
+                                                                    "to draw each document's length"),
     modes: str = typer.Option("full,sift,cacheblend", "--modes"),
     backends: str = typer.Option("auto", "--backends", help="SIFT backends, comma-separated: auto, cuda, flex"),
     repeat: int = typer.Option(3, "--repeat"),
@@ -75,6 +76,9 @@ def bench_prefill(
     data_dir: Optional[Path] = DataOpt,
     cpu_smoke: bool = typer.Option(False, "--cpu-smoke", help="without a GPU: a tiny functional pass (timings "
                                                               "meaningless)"),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture full recompute and SIFT (decode "
+                                                                  "included) as CUDA graphs; time the replays"),
+    query_blocks: str = typer.Option("segment", "--query-blocks", help="segment or grid (block_table.py)"),
     save: Optional[Path] = typer.Option(None, "--save"),
     plot: Optional[Path] = PlotOpt,
     as_json: bool = JsonOpt,
@@ -83,9 +87,10 @@ def bench_prefill(
     from ..lab.bench.prefill import bench_prefill as run
 
     log = (lambda *a: None) if as_json else (lambda msg: err.print(escape(str(msg))))
-    result = run([m.strip() for m in models.split(",") if m.strip()], _lengths(lengths), pattern, doc_tokens,
-                 tuple(m.strip() for m in modes.split(",")), tuple(b.strip() for b in backends.split(",")), repeat,
-                 warmup, energy, ratio, ssd_gbps, data_dir, model, cpu_smoke, log=log)
+    result = run([m.strip() for m in models.split(",") if m.strip()], _lengths(lengths), pattern,
+                 _doc_tokens(doc_tokens), tuple(m.strip() for m in modes.split(",")),
+                 tuple(b.strip() for b in backends.split(",")), repeat, warmup, energy, ratio, ssd_gbps, data_dir,
+                 model, cpu_smoke, log=log, cuda_graphs=cuda_graphs, query_blocks=query_blocks)
     finish(result, save, plot, "plot_bench", as_json, lambda res: render_bench(res["rows"], res["cpu_smoke"]),
            plot_of=lambda res: res["rows"])
 
@@ -95,7 +100,7 @@ def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
         out.print("[yellow]CPU smoke run: the code paths work; the timings mean nothing[/]")
     t = Table(show_edge=False)
     for c in ("model", "bits", "tokens", "mode", "TTFT ms", "attention", "proj+MLP", "decode", "transfer",
-              "density", "×full", "TTFT/ideal", "J", "tok/J", "EDP", "ED²P"):
+              "density", "cells/allowed", "×full", "TTFT/ideal", "J", "tok/J", "EDP", "ED²P"):
         t.add_column(c, justify="right")
     for r in rows:
         if "error" in r:
@@ -105,9 +110,21 @@ def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
         t.add_row(escape(r["model"][:24]), escape(r["pattern"][:28]), f"{r['tokens']:,}", r["mode"],
                   f"{r['ttft_ms']:.1f}", fmt(r.get("attention_ms"), 1), fmt(r.get("other_ms"), 1),
                   fmt(r.get("decode_ms"), 2), fmt(r.get("transfer_ms"), 2), fmt(r.get("cell_density"), 3),
-                  fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3), fmt(r.get("energy_j"), 2),
+                  fmt(r.get("cells_over_allowed"), 3), fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3), fmt(r.get("energy_j"), 2),
                   fmt(r.get("tokens_per_j"), 0), fmt(r.get("edp"), 3), fmt(r.get("ed2p"), 3))
     out.print(t)
+
+
+def _doc_tokens(text: str) -> int | tuple[int, int]:
+    try:
+        parts = [int(x) for x in text.split("-")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1 and parts[0] > 0:
+        return parts[0]
+    if len(parts) == 2 and 0 < parts[0] <= parts[1]:
+        return parts[0], parts[1]
+    raise SiftError(f"--doc-tokens {text!r}: expected a length (2048) or a range (300-3000)")
 
 
 def _lengths(text: str) -> list[int]:

@@ -18,31 +18,37 @@ def prefill(
     docs: Path = typer.Option(..., "--docs", help="file with one doc_id per line, in prompt order"),
     query: Path = typer.Option(..., "--query", help="file holding the user's question"),
     model: Optional[str] = ModelOpt,
-    backend: str = typer.Option("auto", "--backend", help="auto, reference, flex or cuda"),
+    backend: str = typer.Option("auto", "--backend", help="auto (cuda on Hopper, flex on other GPUs, gather on "
+                                                          "CPU), gather, reference (checking only), flex or cuda"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
     repeat: int = typer.Option(3, "--repeat", help="timed runs of each mode (median reported)"),
     block_m: int = typer.Option(128, "--block-m", help="query block size"),
     block_n: int = typer.Option(64, "--block-n", help="KV block size (64 or 128)"),
+    query_blocks: str = typer.Option("segment", "--query-blocks", help="query blocks cut per segment (segment) or "
+                                                                      "on the global grid (grid)"),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture each mode's prefill as a CUDA graph "
+                                                                  "and time its replays (capture reported apart)"),
     trust_remote_code: bool = TrustOpt,
     online: bool = OnlineOpt,
     as_json: bool = JsonOpt,
 ):
     """Assemble a RAG prompt from profiled documents; run full recompute and SIFT side by side."""
+    from ..prefill import PrefillOptions
     from ..prompt import read_doc_ids, read_query
 
     doc_ids, question = read_doc_ids(docs), read_query(query)
-    _run_prefill(shards_dir, doc_ids, question, model, backend, device, dtype, max_new_tokens, repeat, block_m,
-                 block_n, trust_remote_code, online, as_json)
+    opts = PrefillOptions(backend=backend, block_m=block_m, block_n=block_n, query_blocks=query_blocks,
+                          cuda_graphs=cuda_graphs, repeat=repeat, max_new_tokens=max_new_tokens)
+    _run_prefill(shards_dir, doc_ids, question, model, device, dtype, opts, trust_remote_code, online, as_json)
 
 
-def _run_prefill(shards_dir, doc_ids, question, model, backend, device, dtype, max_new_tokens, repeat, block_m,
-                 block_n, trust_remote_code=False, online=False, as_json=False):
+def _run_prefill(shards_dir, doc_ids, question, model, device, dtype, opts, trust_remote_code=False, online=False,
+                 as_json=False):
     from ..prefill import prefill_from_shards
 
-    report = prefill_from_shards(shards_dir, doc_ids, question, model, backend, device, dtype, max_new_tokens, repeat,
-                                 block_m, block_n, trust_remote_code, online)
+    report = prefill_from_shards(shards_dir, doc_ids, question, model, device, dtype, opts, trust_remote_code, online)
     if as_json:
         print_json(report)
     else:
@@ -54,19 +60,28 @@ def render_prefill(r: dict, question: str) -> None:
     out.print(f"[bold]prompt[/]: {pt['total']} tokens = prefix {pt['prefix']} + {len(pt['docs'])} documents "
               f"{pt['docs']} + suffix {pt['suffix']}   ({r['model']}, {r['device']}, {r['dtype']})")
     d = r["density"]
-    out.print(f"[bold]attention computed[/]: {pct(d['blocks'])} of causal {r['block_m']}×{r['block_n']} blocks, "
-              f"{pct(d['cells'])} of causal cells (T={r['tile_size']}, backend {r['backend']})")
+    out.print(f"[bold]attention computed[/]: {pct(d['blocks'])} of causal {r['block_m']}×{r['block_n']} blocks "
+              f"({r['query_blocks']} query blocks), {pct(d['cells'])} of causal cells, "
+              f"{d['cells_over_allowed']:.3f}× the pairs the bits allow (T={r['tile_size']}, backend {r['backend']})")
+    gpu = r["dense"]["gpu_ms"] is not None
     table = Table(show_edge=False)
-    for col in ("", "TTFT ms", "answer"):
-        table.add_column(col)
-    table.add_row("full recompute", f"{r['dense']['ttft_ms']:.1f}", escape(r["dense"]["text"].strip()))
-    table.add_row("SIFT", f"{r['sift']['ttft_ms']:.1f}", escape(r["sift"]["text"].strip()))
+    cols = ("", "TTFT ms") + (("host ms", "GPU ms", "bound by") if gpu else ()) + ("answer",)
+    for col in cols:
+        table.add_column(col, no_wrap=col != "answer")
+    for name, t in (("full recompute", r["dense"]), ("SIFT", r["sift"])):
+        timing = (f"{t['host_ms']:.1f}", f"{t['gpu_ms']:.1f}", t["bound"] or "") if gpu else ()
+        table.add_row(name, f"{t['ttft_ms']:.1f}", *timing, escape(t["text"].strip()))
     out.print(f"[bold]question[/]: {escape(question)}")
     out.print(table)
-    out.print(f"speed-up {r['speedup']:.2f}×   decode {r['decode_ms']:.2f} ms "
-              f"({pct(r['decode_share_of_ttft'])} of SIFT TTFT)   first token "
+    decode = (f"decode {r['decode_ms']:.2f} ms ({pct(r['decode_share_of_ttft'])} of SIFT TTFT)   "
+              if r["decode_ms"] is not None else "")
+    out.print(f"speed-up {r['speedup']:.2f}×   {decode}first token "
               f"{'same' if r['first_token_match'] else 'DIFFERENT'}   KL {r['kl']:.2e}   "
               f"max |Δlogit| {r['max_abs_logit_diff']:.3f}")
+    if r.get("cuda_graphs"):
+        c = r["capture_ms"]
+        out.print(f"CUDA graphs: capture {c['dense']:.0f} ms (full) and {c['sift']:.0f} ms (SIFT), not in TTFT; graph "
+                  f"logits {'equal' if r['graph_logits_equal_eager'] else 'DIFFER FROM'} eager SIFT's")
     if r["backend"] == "reference":
         out.print("[dim]The reference backend checks correctness; it is not a speed path (it computes every score "
                   "and masks). Timings that matter need --backend cuda or flex on a GPU.[/]")
@@ -79,6 +94,9 @@ def demo_prefill(
     """Answer the built-in sample questions from shards of the built-in sample corpus."""
     from ..sample import SAMPLE_QUESTIONS
 
+    from ..prefill import PrefillOptions
+
     for doc_ids, question in SAMPLE_QUESTIONS[:2]:
-        _run_prefill(shards_dir, list(doc_ids), question, None, "auto", device, "auto", 12, 1, 128, 64)
+        _run_prefill(shards_dir, list(doc_ids), question, None, device, "auto",
+                     PrefillOptions(repeat=1, max_new_tokens=12))
         out.print()

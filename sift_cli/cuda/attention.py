@@ -1,96 +1,117 @@
-"""The Hopper (sm_90a) block-sparse attention forward of kernels/sparse_attn_fwd.cu (TMA + mbarrier ring +
-warp-specialised WGMMA): configurations, shared memory, argument checks and the launch.
+"""The Hopper (sm_90a) block-sparse attention forward of kernels/sparse_attn_fwd.cu: configurations, the
+per-prompt work order, and the launch.
 
-`sparse_attention_forward(q, k, v, blocks, scale, return_lse)` computes what `attention.reference` computes, in
-bf16; an unsupported shape or dtype is a SiftError, never a silent fallback.
+`SparseAttentionPlan` holds everything one prompt needs on the device, prepared once (the block table, every
+layer's CSR lists and work order, the split-KV workspace, the compiled kernel, packed launch arguments and TMA
+descriptor templates); a call for one layer re-targets three descriptors and two pointers and launches — no
+device synchronisation, no per-layer allocation besides the output, so it can be captured in a CUDA graph.
+`sparse_attention_forward(q, k, v, blocks, scale)` is the one-layer convenience the tests and benchmarks use.
+
+Configurations: head_dim 64 or 128; KV blocks of the table 64 or 128 keys wide. A table of 64-key blocks runs
+`paired` by default: each pipeline step gathers two listed 64-key blocks (any rows) into one 128-key tile.
 """
 
 from __future__ import annotations
 
-import functools
 import math
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..attention.base import BlockLists
+from ..block_table import BlockTable
 from ..errors import SiftError
-from .runtime import check_device, compiled_module, launch, tensor_map_bf16_3d
+from .runtime import PackedLaunch, TensorMapTemplate, check_device, compiled_module, function_ptr, sm_count
 
 BLOCK_M = 128
 ATTN_THREADS = 384
 HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
+SPLIT_MAX = 8  # a long row is cut into at most this many parts (split-KV) ...
+SPLIT_MIN_BLOCKS = 16  # ... of at least this many blocks each
 
 
-def default_stages(head_dim: int, block_n: int) -> int:
-    """Ring depth per configuration (measured on the H200, docs/kernels.md)."""
-    return 3 if (head_dim == 128 and block_n == 64) else 2
+@dataclass(frozen=True)
+class KernelConfig:
+    head_dim: int
+    block_n: int  # keys per pipeline step (the compute tile)
+    pair: bool  # two 64-key table blocks per step
+    stages: int
+
+    @property
+    def key_block(self) -> int:
+        """Width of the table's KV blocks."""
+        return self.block_n // 2 if self.pair else self.block_n
+
+    @property
+    def per_step(self) -> int:
+        return 2 if self.pair else 1
 
 
-def attention_smem_bytes(head_dim: int, block_n: int, stages: int) -> int:
-    q = BLOCK_M * head_dim * 2
-    kv = block_n * head_dim * 2
-    return q + 2 * stages * kv + 8 * (2 + 4 * stages) + 1024  # + barriers + slack for 1024-byte alignment
-
-
-def attention_kernel(head_dim: int, block_n: int, device_index: int, stages: int | None = None,
-                     pingpong: bool = True, extra: dict | None = None):
-    """(RawKernel, dynamic shared memory bytes) for one configuration, compiled once per process."""
+def kernel_config(head_dim: int, table_block_n: int, pair: bool | None = None,
+                  stages: int | None = None) -> KernelConfig:
     if head_dim not in HEAD_DIMS:
         raise SiftError(f"the cuda backend supports head_dim 64 and 128, not {head_dim}")
-    if block_n not in BLOCK_NS:
-        raise SiftError(f"the cuda backend supports KV blocks of 64 and 128, not {block_n}")
-    stages = stages or default_stages(head_dim, block_n)
-    defines = (("HEAD_DIM", head_dim), ("BLOCK_N", block_n), ("STAGES", stages), ("PINGPONG", int(pingpong)))
+    if table_block_n not in BLOCK_NS:
+        raise SiftError(f"the cuda backend supports KV blocks of 64 and 128, not {table_block_n}")
+    pair = (table_block_n == 64) if pair is None else pair
+    if pair and table_block_n != 64:
+        raise SiftError("paired steps gather two 64-key blocks; the table has blocks of 128")
+    block_n = 128 if pair else table_block_n
+    # Ring depth measured on the H200 (docs/kernels.md).
+    stages = stages or (3 if (head_dim == 128 and block_n == 64) else 2)
+    return KernelConfig(head_dim, block_n, pair, stages)
+
+
+def attention_smem_bytes(cfg: KernelConfig, list_cap: int) -> int:
+    q = 2 * BLOCK_M * cfg.head_dim * 2  # two Q buffers
+    kv = 2 * cfg.stages * cfg.block_n * cfg.head_dim * 2
+    barriers = 8 * (8 + 4 * cfg.stages)
+    tile_slots = 16 + 2 * 32 + 16  # alignment, two tile slots, the split-KV flag
+    return 1024 + q + kv + barriers + tile_slots + 2 * 4 * list_cap  # two staged lists of packed 4-byte entries
+
+
+def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extra: dict | None = None
+                       ) -> tuple[int, int]:
+    """(CUfunction, dynamic shared memory bytes) for one configuration, compiled once per process."""
+    defines = (("HEAD_DIM", cfg.head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages),
+               ("PAIR", int(cfg.pair)))
     defines += tuple(sorted((extra or {}).items()))
+    smem = attention_smem_bytes(cfg, list_cap)
+    if smem > 227 * 1024:
+        raise SiftError(f"the prompt's {list_cap} KV blocks need {smem} bytes of shared memory, more than the GPU "
+                        "has; use KV blocks of 128 (--block-n 128) for prompts this long")
     mod = compiled_module("sparse_attn_fwd.cu", defines, device_index)
-    kern = mod.get_function("sift_sparse_attn_fwd")
-    smem = attention_smem_bytes(head_dim, block_n, stages)
-    if kern.max_dynamic_shared_size_bytes < smem:
-        kern.max_dynamic_shared_size_bytes = smem
-    return kern, smem
+    return function_ptr(mod, "sift_sparse_attn_fwd", smem), smem
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def work_order(offsets: torch.Tensor, per_step: int, sms: int, split_max: int = SPLIT_MAX,
+               min_blocks: int = SPLIT_MIN_BLOCKS) -> dict[str, torch.Tensor]:
+    """The kernel's virtual tiles for lists `offsets` int32 [..., H, M + 1] (any leading layer dims), on the device
+    with no host synchronisation.
+
+    A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / (2 SMs)), so
+    only rows much longer than a fair share per SM are split (the kernel computes the same cut, `split_row`). The
+    parts run longest first. Returns per leading index: tile_order [R * split_max] (virtual tile ids, row *
+    split_max + part), n_active [1], cap [1], slot_base [R] (first workspace slot of a split row)."""
+    lead = offsets.shape[:-2]
+    counts = (offsets[..., 1:] - offsets[..., :-1]).reshape(*lead, -1).long()  # [..., R]
+    total = counts.sum(-1, keepdim=True)
+    cap = torch.clamp((total + 2 * sms - 1) // (2 * sms), min=min_blocks)
+    parts = torch.clamp((counts + cap - 1) // cap, min=1, max=split_max)
+    chunk = torch.clamp(((counts + parts - 1) // parts + per_step - 1) // per_step * per_step, min=1)
+    parts = torch.where(counts > 0, (counts + chunk - 1) // chunk, torch.ones_like(counts))
+    part = torch.arange(split_max, device=offsets.device)
+    length = torch.minimum(torch.clamp(counts[..., None] - part * chunk[..., None], min=0), chunk[..., None])
+    active = part < parts[..., None]
+    key = torch.where(active, length, torch.full_like(length, -1)).reshape(*lead, -1)
+    order = torch.argsort(key, dim=-1, descending=True, stable=True).to(torch.int32)
+    split_parts = torch.where(parts > 1, parts, torch.zeros_like(parts))
+    return {"tile_order": order.contiguous(), "n_active": active.reshape(*lead, -1).sum(-1, keepdim=True).int(),
+            "cap": cap.int(), "slot_base": (torch.cumsum(split_parts, -1) - split_parts).int().contiguous()}
 
 
-def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    ok = t.stride(-1) == 1 and all((s * 2) % 16 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
-    return t if ok else t.contiguous()
-
-
-def check_block_lists(blocks: BlockLists, H: int, L: int, device: torch.device) -> BlockLists:
-    if blocks.block_m != BLOCK_M:
-        raise SiftError(f"the cuda backend needs query blocks of {BLOCK_M} rows, the block lists have "
-                        f"{blocks.block_m}")
-    if blocks.block_n not in BLOCK_NS:
-        raise SiftError(f"the cuda backend needs KV blocks of 64 or 128, the block lists have {blocks.block_n}")
-    M = -(-L // BLOCK_M)
-    if blocks.seq_len != L or tuple(blocks.offsets.shape) != (H, M + 1):
-        raise SiftError(f"block lists are for H={blocks.n_heads}, L={blocks.seq_len}; attention has H={H}, L={L}")
-    if blocks.offsets.dtype != torch.int32 or blocks.indices.dtype != torch.int32:
-        raise SiftError("block list offsets and indices must be int32")
-    if blocks.offsets.device != device or blocks.indices.device != device:
-        blocks = blocks.to(device)
-    if not (blocks.offsets.is_contiguous() and blocks.indices.is_contiguous()):
-        blocks = BlockLists(blocks.offsets.contiguous(), blocks.indices.contiguous(), blocks.block_m,
-                            blocks.block_n, blocks.seq_len)
-    return blocks
-
-
-def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists,
-                             scale: float, return_lse: bool = False, out: torch.Tensor | None = None,
-                             lse: torch.Tensor | None = None, stages: int | None = None, pingpong: bool = True,
-                             persistent: bool = False, extra: dict | None = None):
-    """Block-sparse causal attention: q [H, L, D], k/v [H_kv, L, D] bf16 → out [H, L, D] bf16 (+ lse [H, L]).
-
-    Row (h, m) of `blocks` lists, in descending order, the KV blocks query block m of head h computes.
-    persistent: launch one CTA per SM walking tiles round-robin instead of one CTA per tile (measured no faster
-    with static round-robin, so off by default; see docs/kernels.md).
-    """
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise SiftError(f"{name} must be [heads, seq_len, head_dim], got shape {tuple(t.shape)}")
@@ -105,31 +126,139 @@ def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         raise SiftError(f"k and v must be [{H_kv}, {L}, {D}], got {tuple(k.shape)} and {tuple(v.shape)}")
     if H_kv == 0 or H % H_kv:
         raise SiftError(f"query heads {H} are not a multiple of KV heads {H_kv}")
-    if D not in HEAD_DIMS:
-        raise SiftError(f"the cuda backend supports head_dim 64 and 128, not {D}")
-    device = q.device
-    blocks = check_block_lists(blocks, H, L, device)
+    return H, H_kv, L, D
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    ok = t.stride(-1) == 1 and all((s * 2) % 16 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+    return t if ok else t.contiguous()
+
+
+class SparseAttentionPlan:
+    """One prompt's sparse attention on the device: `plan(layer, q, k, v)` → out [L, H, D] (bf16).
+
+    table: the prompt's BlockTable; offsets int32 [n_layers, H, M + 1] and indices int32 [n_layers, capacity]
+    (every layer's canonical CSR lists, e.g. from CudaDecoder); scale: the softmax scale; work: `work_order` of
+    the lists when already computed (it must use the same split and pairing).
+    """
+
+    def __init__(self, table: BlockTable, offsets: torch.Tensor, indices: torch.Tensor, n_heads: int,
+                 n_kv_heads: int, head_dim: int, scale: float, pair: bool | None = None, split: bool = True,
+                 stages: int | None = None, extra: dict | None = None, work: dict | None = None):
+        self.device = offsets.device
+        check_device(offsets, "the block lists")
+        if table.block_m != BLOCK_M:
+            raise SiftError(f"the cuda backend needs query blocks of {BLOCK_M} rows, the table has {table.block_m}")
+        self.cfg = kernel_config(head_dim, table.block_n, pair, stages)
+        self.table = table.to(self.device)
+        self.H, self.H_kv, self.D, self.L = n_heads, n_kv_heads, head_dim, table.seq_len
+        M, N = table.n_query_blocks, table.n_kv_blocks
+        if tuple(offsets.shape[1:]) != (n_heads, M + 1):
+            raise SiftError(f"block lists are [{offsets.shape[1]}, {offsets.shape[2] - 1}] (heads, query blocks); "
+                            f"the model has {n_heads} heads and the table {M} query blocks")
+        self.offsets, self.indices = offsets.contiguous(), indices.contiguous()
+        sms = sm_count(self.device)
+        split_max = SPLIT_MAX if split else 1
+        self.work = work if work is not None else work_order(self.offsets, self.cfg.per_step, sms, split_max)
+        self.func, self.smem = attention_function(self.cfg, self.device.index, N, extra)
+        ws_slots = 4 * sms + 8 if split else 1  # split parts never exceed 2 * total / cap <= 4 SMs
+        self.workspace = torch.empty(ws_slots * BLOCK_M * (head_dim + 2), dtype=torch.float32, device=self.device)
+        self.arrivals = torch.zeros(n_heads * M, dtype=torch.int32, device=self.device)
+        self.sched = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self.grid = (min(n_heads * M * split_max, sms), 1, 1)
+        self.split_max = split_max
+        self.scale = scale
+        self._templates: dict[str, TensorMapTemplate] = {}  # q, k, v descriptors, re-targeted per call
+        self._launch: PackedLaunch | None = None
+
+    def _prepare_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedLaunch:
+        t = self.table
+        self._templates = {"q": TensorMapTemplate(q, BLOCK_M), "k": TensorMapTemplate(k, self.cfg.key_block),
+                           "v": TensorMapTemplate(v, self.cfg.key_block)}
+        args = [("tq", "map", self._templates["q"].map), ("tk", "map", self._templates["k"].map),
+                ("tv", "map", self._templates["v"].map), ("out", "p", 0), ("out_row_stride", "l", self.H * self.D),
+                ("out_head_stride", "l", self.D), ("lse", "p", 0), ("offsets", "p", 0), ("indices", "p", 0),
+                ("q_start", "p", t.q_start.data_ptr()), ("q_len", "p", t.q_len.data_ptr()),
+                ("kv_start", "p", t.kv_start.data_ptr()), ("kv_len", "p", t.kv_len.data_ptr()),
+                ("tile_order", "p", 0), ("n_active", "p", 0), ("split_cap", "p", 0), ("split_max", "i", self.split_max),
+                ("split_slot", "p", 0), ("ws", "p", self.workspace.data_ptr()),
+                ("arrivals", "p", self.arrivals.data_ptr()), ("sched", "p", self.sched.data_ptr()),
+                ("seq_len", "i", self.L), ("n_heads", "i", self.H), ("group", "i", self.H // self.H_kv),
+                ("n_qblocks", "i", t.n_query_blocks), ("list_cap", "i", t.n_kv_blocks),
+                ("scale_log2", "f", self.scale * math.log2(math.e)), ("write_lse", "i", 0)]
+        return PackedLaunch(self.func, self.grid, (ATTN_THREADS, 1, 1), self.smem, args)
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                 scale: float | None = None) -> torch.Tensor:
+        """q [H, L, D], k/v [H_kv, L, D] bf16 views (any strides with a unit-stride head dim) → out, an [H, L, D]
+        view; without `out` a fresh [L, H, D] buffer is written (the layout the model's o_proj reads) and its
+        [H, L, D] view returned. lse: fp32 [H, L] to fill, or None."""
+        q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+        tpl = self._templates
+        if self._launch is None or not (tpl["q"].matches(q) and tpl["k"].matches(k) and tpl["v"].matches(v)):
+            _check_qkv(q, k, v)
+            if q.shape[1] != self.L or q.shape[0] != self.H or k.shape[0] != self.H_kv or q.shape[2] != self.D:
+                raise SiftError(f"the plan is for H={self.H}, H_kv={self.H_kv}, L={self.L}, D={self.D}; attention "
+                                f"has q {tuple(q.shape)}, k {tuple(k.shape)}")
+            self._launch = self._prepare_launch(q, k, v)
+            tpl = self._templates
+        launch = self._launch
+        if scale is not None and scale != self.scale:
+            self.scale = scale
+            launch.set("scale_log2", scale * math.log2(math.e))
+        if out is None:
+            out = torch.empty(self.L, self.H, self.D, dtype=torch.bfloat16, device=self.device).transpose(0, 1)
+        launch.set("out_row_stride", out.stride(1))
+        launch.set("out_head_stride", out.stride(0))
+        tpl["q"].point(q.data_ptr())
+        tpl["k"].point(k.data_ptr())
+        tpl["v"].point(v.data_ptr())
+        w = self.work
+        launch.set("out", out.data_ptr())
+        launch.set("lse", lse.data_ptr() if lse is not None else 0)
+        launch.set("write_lse", 1 if lse is not None else 0)
+        launch.set("offsets", self.offsets[layer].data_ptr())
+        launch.set("indices", self.indices[layer].data_ptr())
+        launch.set("tile_order", w["tile_order"][layer].data_ptr())
+        launch.set("n_active", w["n_active"][layer].data_ptr())
+        launch.set("split_cap", w["cap"][layer].data_ptr())
+        launch.set("split_slot", w["slot_base"][layer].data_ptr())
+        if self.L:
+            launch(torch.cuda.current_stream(self.device).cuda_stream)
+        return out
+
+
+def stack_block_lists(block_lists: list[BlockLists]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-layer lists → offsets [n_layers, H, M + 1], indices [n_layers, capacity] (the plan's form)."""
+    capacity = max(1, max(int(b.indices.numel()) for b in block_lists))
+    offsets = torch.stack([b.offsets for b in block_lists])
+    indices = torch.zeros(len(block_lists), capacity, dtype=torch.int32, device=offsets.device)
+    for i, b in enumerate(block_lists):
+        indices[i, : b.indices.numel()] = b.indices
+    return offsets, indices
+
+
+def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists,
+                             scale: float, return_lse: bool = False, out: torch.Tensor | None = None,
+                             lse: torch.Tensor | None = None, pair: bool | None = None, split: bool = True,
+                             stages: int | None = None, extra: dict | None = None):
+    """Block-sparse causal attention of one layer: q [H, L, D], k/v [H_kv, L, D] bf16 → out [H, L, D] bf16
+    (+ lse [H, L] fp32). `blocks` are canonical lists over their table (masked blocks first in each row); `out`
+    may be any [H, L, D]-indexed view (e.g. of an [L, H, D] buffer)."""
+    H, H_kv, L, D = _check_qkv(q, k, v)
+    if blocks.seq_len != L or blocks.n_heads != H:
+        raise SiftError(f"block lists are for H={blocks.n_heads}, L={blocks.seq_len}; attention has H={H}, L={L}")
+    if blocks.offsets.dtype != torch.int32 or blocks.indices.dtype != torch.int32:
+        raise SiftError("block list offsets and indices must be int32")
+    blocks = blocks.to(q.device)
     if out is None:
-        out = torch.empty(H, L, D, dtype=torch.bfloat16, device=device)
-    elif tuple(out.shape) != (H, L, D) or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise SiftError("out must be a contiguous bf16 [H, L, D] tensor")
+        out = torch.empty(H, L, D, dtype=torch.bfloat16, device=q.device)
+    elif tuple(out.shape) != (H, L, D) or out.dtype != torch.bfloat16:
+        raise SiftError("out must be a bf16 [H, L, D] tensor (or view)")
     if return_lse and lse is None:
-        lse = torch.empty(H, L, dtype=torch.float32, device=device)
-    if L == 0:
-        return (out, lse) if return_lse else out
-    kern, smem = attention_kernel(D, blocks.block_n, device.index, stages, pingpong, extra)
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    tq = tensor_map_bf16_3d(q, BLOCK_M)
-    tk = tensor_map_bf16_3d(k, blocks.block_n)
-    tv = tensor_map_bf16_3d(v, blocks.block_n)
-    M = -(-L // BLOCK_M)
-    lse_ptr = lse.data_ptr() if return_lse else out.data_ptr()
-    args = (tq, tk, tv, out.data_ptr(), lse_ptr, blocks.offsets.data_ptr(), blocks.indices.data_ptr(),
-            np.int32(L), np.int32(H), np.int32(H // H_kv), np.int32(M), np.float32(scale * math.log2(math.e)),
-            np.int32(1 if return_lse else 0))
-    tiles = H * M
-    grid = min(tiles, _sm_count(device)) if persistent else tiles
-    launch(kern, (grid, 1, 1), (ATTN_THREADS, 1, 1), args, smem, device)
-    # keep the views alive until the launch is queued (their storage backs the TMA maps)
-    del q, k, v
+        lse = torch.empty(H, L, dtype=torch.float32, device=q.device)
+    plan = SparseAttentionPlan(blocks.table, blocks.offsets[None], blocks.indices[None], H, H_kv, D, scale, pair,
+                               split, stages, extra)
+    plan(0, q, k, v, out=out, lse=lse if return_lse else None)
     return (out, lse) if return_lse else out

@@ -1,28 +1,68 @@
-"""The reference backend's banded mode equals its full computation."""
+"""The reference backend's banded mode equals its full computation; the gather backend (the CPU default) computes
+the reference's function too, on random lists and on lists decoded over document-aligned tables."""
 
+import numpy as np
 import pytest
 import torch
 
+from sift_cli.attention.backends import get_backend
+from sift_cli.attention.gather import gathered_attention
 from sift_cli.attention.reference import ReferenceBackend, banded_block_sparse_attention, block_sparse_attention
-from sift_cli.block_lists import block_lists_from_mask
+from sift_cli.block_lists import block_lists_from_mask, decode_layer, dense_block_lists
+from sift_cli.block_table import BlockTable
 from sift_cli.lab.eval.backend import eval_backend
+
+from ..test_block_lists import AWKWARD, random_prompt
+
+
+def random_lists(L, bm, bn, H, seed):
+    table = BlockTable.causal(L, bm, bn)
+    torch.manual_seed(seed)
+    M, N = table.n_query_blocks, table.n_kv_blocks
+    causal = torch.arange(N)[None, :] <= table.last_causal_kv_block()[:, None]
+    mask = ((torch.rand(H, M, N) < 0.4) | table.needs_mask()[None]) & causal[None]
+    return block_lists_from_mask(mask, table)
 
 
 @pytest.mark.parametrize("L,bm,bn,H,Hkv,rows", [(200, 128, 64, 4, 2, 128), (333, 64, 64, 6, 3, 64),
                                                  (129, 128, 128, 2, 2, 512)])
 def test_banded_reference_equals_reference(L, bm, bn, H, Hkv, rows):
-    torch.manual_seed(L)
-    M, N = -(-L // bm), -(-L // bn)
-    mask = torch.rand(H, M, N) < 0.4
-    q_last = torch.clamp(torch.arange(M) * bm + bm, max=L) - 1
-    k_first = torch.arange(N) * bn
-    mask &= (k_first[None, :] <= q_last[:, None])[None]
-    mask |= ((k_first[None, :] <= q_last[:, None]) & (k_first[None, :] + bn > q_last[:, None] - bm + 1))[None]
-    lay = block_lists_from_mask(mask, bm, bn, L)
+    lists = random_lists(L, bm, bn, H, L)
     q, k, v = torch.randn(H, L, 16), torch.randn(Hkv, L, 16), torch.randn(Hkv, L, 16)
-    a = banded_block_sparse_attention(q, k, v, lay, 0.3, rows=rows)
-    b = block_sparse_attention(q, k, v, lay, 0.3)
+    a = banded_block_sparse_attention(q, k, v, lists, 0.3, rows=rows)
+    b = block_sparse_attention(q, k, v, lists, 0.3)
     assert torch.allclose(a, b, atol=2e-6), (a - b).abs().max()
-    assert eval_backend("auto", torch.device("cpu")).name == "reference"
     banded = eval_backend("reference", torch.device("cpu"))
     assert isinstance(banded, ReferenceBackend) and banded.rows is not None
+
+
+@pytest.mark.parametrize("L,bm,bn,H,Hkv", [(1, 128, 64, 2, 1), (200, 128, 64, 4, 2), (333, 64, 64, 6, 3),
+                                           (129, 128, 128, 2, 2), (1000, 128, 64, 9, 3)])
+def test_gather_equals_reference_on_random_lists(L, bm, bn, H, Hkv):
+    lists = random_lists(L, bm, bn, H, L + 1)
+    q, k, v = torch.randn(H, L, 16), torch.randn(Hkv, L, 16), torch.randn(Hkv, L, 16)
+    ref, ref_lse = block_sparse_attention(q, k, v, lists, 0.3, return_lse=True)
+    out, lse = gathered_attention(q, k, v, lists, 0.3, return_lse=True)
+    assert torch.allclose(out, ref, atol=2e-6) and torch.allclose(lse, ref_lse, atol=2e-5)
+    assert torch.allclose(gathered_attention(q, k, v, lists, 0.3), ref, atol=2e-6)
+
+
+@pytest.mark.parametrize("prefix,docs,suffix", AWKWARD)
+@pytest.mark.parametrize("query_blocks", ["segment", "grid"])
+def test_gather_equals_reference_on_document_tables(prefix, docs, suffix, query_blocks):
+    rng = np.random.default_rng(prefix + len(docs))
+    pb, _ = random_prompt(rng, 64, n_layers=1, n_heads=6, doc_lengths=docs, prefix_len=prefix, suffix_len=suffix)
+    table = BlockTable.for_layout(pb.layout, 128, 64, query_blocks)
+    lists = decode_layer(pb, 0, table)
+    L = pb.layout.seq_len
+    q, k, v = torch.randn(6, L, 32), torch.randn(2, L, 32), torch.randn(2, L, 32)
+    ref = block_sparse_attention(q, k, v, lists, 0.2)
+    assert torch.allclose(gathered_attention(q, k, v, lists, 0.2), ref, atol=3e-6)
+    dense = dense_block_lists(table, 6)  # every block: the one-call dense path
+    assert torch.allclose(gathered_attention(q, k, v, dense, 0.2), block_sparse_attention(q, k, v, dense, 0.2),
+                          atol=3e-6)
+
+
+def test_auto_is_gather_on_cpu():
+    assert get_backend("auto", torch.device("cpu")).name == "gather"
+    assert get_backend("reference", torch.device("cpu")).name == "reference"

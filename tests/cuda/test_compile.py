@@ -12,7 +12,8 @@ from sift_cli.cuda import runtime
 from sift_cli.errors import SiftError
 from tests.conftest import nvcc_path
 
-ATTN_CONFIGS = [(d, bn, cuda_attention.default_stages(d, bn), pp) for d in (64, 128) for bn in (64, 128)
+# (head_dim, table KV block, paired): every configuration a table can run, pingpong on (the default) and off
+ATTN_CONFIGS = [(d, bn, pair, pp) for d in (64, 128) for bn, pair in ((64, False), (64, True), (128, False))
                 for pp in (1, 0)]
 
 
@@ -29,11 +30,14 @@ def _nvcc(tmp_path, source, defines):
     return proc.stderr
 
 
-@pytest.mark.parametrize("head_dim,block_n,stages,pingpong", ATTN_CONFIGS)
-def test_attention_kernel_compiles(tmp_path, head_dim, block_n, stages, pingpong):
+@pytest.mark.parametrize("head_dim,block_n,pair,pingpong", ATTN_CONFIGS)
+def test_attention_kernel_compiles(tmp_path, head_dim, block_n, pair, pingpong):
+    cfg = cuda_attention.kernel_config(head_dim, block_n, pair)
     report = _nvcc(tmp_path, "sparse_attn_fwd.cu",
-                   [("HEAD_DIM", head_dim), ("BLOCK_N", block_n), ("STAGES", stages), ("PINGPONG", pingpong)])
-    assert "C7520" not in report, "ptxas serialised the wgmma pipeline:\n" + report  # a divergent-path regression
+                   [("HEAD_DIM", head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages), ("PAIR", int(pair)),
+                    ("PINGPONG", pingpong)])
+    # ptxas serialising the wgmma pipeline (a divergent path, or registers written mid-pipeline) is a regression
+    assert "C7520" not in report and "C7513" not in report, "serialised wgmma:\n" + report
     assert "C7508" not in report, "ptxas ignored setmaxnreg:\n" + report
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert spills and all(s == ("0", "0") for s in spills), report
@@ -47,9 +51,24 @@ def test_decode_kernel_compiles(tmp_path):
 
 
 def test_shared_memory_fits_hopper():
+    """Every configuration fits with the lists of a 128K-token prompt staged (one entry per KV block, two slots)."""
     for d in (64, 128):
-        for bn in (64, 128):
-            assert cuda_attention.attention_smem_bytes(d, bn, cuda_attention.default_stages(d, bn)) <= 227 * 1024
+        for bn, pair in ((64, False), (64, True), (128, False)):
+            cfg = cuda_attention.kernel_config(d, bn, pair)
+            assert cuda_attention.attention_smem_bytes(cfg, 131072 // bn + 256) <= 227 * 1024, cfg
+
+
+def test_work_order_splits_long_rows_only():
+    """Split-KV: rows far longer than a fair share per SM are cut into parts (none empty, longest first)."""
+    offsets = torch.tensor([[[0, 2, 4, 6, 106]]], dtype=torch.int32)  # one head, rows of 2, 2, 2 and 100 blocks
+    w = cuda_attention.work_order(offsets, per_step=1, sms=2, split_max=8, min_blocks=16)
+    cap = int(w["cap"][0, 0])
+    assert cap == max(16, -(-106 // 4))
+    order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
+    rows = [v // 8 for v in order]
+    assert rows.count(3) == 4 and all(rows.count(r) == 1 for r in (0, 1, 2))  # only the long row is split
+    assert rows[:4] == [3, 3, 3, 3]  # longest parts first
+    assert w["slot_base"][0].tolist() == [0, 0, 0, 0]  # one split row: its parts take slots 0..3
 
 
 def test_sources_found_and_self_contained():
@@ -61,26 +80,37 @@ def test_sources_found_and_self_contained():
 def test_cpu_tensors_are_refused_clearly():
     from sift_cli.attention.cuda import CudaBackend
     from sift_cli.block_lists import dense_block_lists
+    from sift_cli.block_table import BlockTable
 
     q = torch.zeros(2, 10, 64, dtype=torch.bfloat16)
     with pytest.raises(SiftError, match="CUDA device"):
-        CudaBackend().forward(q, q[:1], q[:1], dense_block_lists(10, 2), 0.125)
+        CudaBackend().forward(q, q[:1], q[:1], dense_block_lists(BlockTable.causal(10), 2), 0.125)
     with pytest.raises(SiftError, match="head_dim"):
-        cuda_attention.attention_kernel(96, 64, 0)
+        cuda_attention.kernel_config(96, 64)
 
 
 def test_flex_block_mask_matches_reference():
-    """The flex backend's BlockMask states the same semantics as the reference (checked eagerly)."""
+    """The flex backend's BlockMask (on flex's own grid, over document-aligned blocks) states the same semantics as
+    the reference (checked eagerly on CPU)."""
+    import numpy as np
+
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     from sift_cli.attention.flex import block_mask_from_lists
     from sift_cli.attention.reference import block_sparse_attention
-    from sift_cli.cuda.checks import random_block_lists
+    from sift_cli.block_lists import decode_layer
+    from sift_cli.block_table import BlockTable
+    from sift_cli.cuda.checks import random_block_lists, random_case_bits
 
     torch.manual_seed(0)
-    for L, bn in ((256, 64), (300, 128)):
-        lay = random_block_lists(4, L, bn, 0.3, device="cpu")
+    rng = np.random.default_rng(0)
+    cases = [random_block_lists(BlockTable.causal(L, 128, bn), 4, 0.3) for L, bn in ((256, 64), (300, 128))]
+    bits = random_case_bits(rng, 64, n_layers=1, n_heads=4, doc_lengths=[65, 130, 1], prefix_len=16, suffix_len=20)
+    for qmode in ("segment", "grid"):
+        cases.append(decode_layer(bits, 0, BlockTable.for_layout(bits.layout, 128, 64, qmode)))
+    for lists in cases:
+        L = lists.seq_len
         q, k, v = torch.randn(4, L, 32), torch.randn(2, L, 32), torch.randn(2, L, 32)
-        out = flex.flex_attention(q[None], k[None], v[None], block_mask=block_mask_from_lists(lay, exact_mask_mod=True), scale=0.2,
+        out = flex.flex_attention(q[None], k[None], v[None], block_mask=block_mask_from_lists(lists), scale=0.2,
                                   enable_gqa=True)[0]
-        ref = block_sparse_attention(q, k, v, lay, 0.2)
+        ref = block_sparse_attention(q, k, v, lists, 0.2)
         assert float((out - ref).norm() / ref.norm()) < 1e-5

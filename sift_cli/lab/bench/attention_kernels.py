@@ -1,10 +1,18 @@
-"""`sift bench kernels`: cuDNN SDPA (dense causal), FlexAttention (same block mask) and the SIFT CUDA kernel,
-side by side in one process on the same inputs and masks; plus the bit-vector decode kernel's time per layer.
+"""`sift bench kernels`: cuDNN SDPA (dense causal), FlexAttention (the same block lists) and the SIFT CUDA kernel,
+side by side in one process on the same inputs and lists; plus the bit-vector decode kernel's time per layer.
+
+Two kinds of layouts:
+- `causal`: one segment (a plain causal prompt), every block touching the diagonal listed and each other causal
+  block with probability 1.0 / 0.3 / 0.1: the kernel's throughput per computed tile;
+- `documents`: document-aligned block tables (SPEC §6 v2) of real-shaped prompts — a 16-token prefix, documents
+  of random lengths, a 32-token suffix — with bits drawn at the paper's densities (LA 27.3% of tiles, CA 5.8% of
+  pages), decoded by the CUDA decoder; `cells/allowed` is SPEC §6's fidelity measure.
 
 Throughput is counted over computed (query, key) pairs exactly: FLOPs = 4 · D · Σ causal pairs inside the listed
-blocks (2 GEMMs × 2 FLOPs per multiply-add). For the dense causal case this is 2·L²·D·H up to the diagonal's
-half, the convention of H200.md. Times are medians of CUDA-event-timed launches after warm-up, on random bf16
-inputs. `run_kernel_bench(quick)` returns rows (dicts); `render(rows)` builds a rich table.
+blocks (2 GEMMs × 2 FLOPs per multiply-add); for the dense causal case this is 2·L²·D·H up to the diagonal's
+half, the convention of H200.md. Inputs are random bf16 laid out as the model lays them out ([L, heads, D]).
+Times are medians of CUDA-event-timed launches after warm-up. FlexAttention's output is checked against the
+kernel's over every head (`agree`), and a disagreement above 1e-2 is flagged, not hidden.
 """
 
 from __future__ import annotations
@@ -21,31 +29,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...attention.base import BlockLists
 from ...attention.flex import FlexBackend
-from ...block_lists import causal_cells_per_block
-from ...cuda.attention import BLOCK_M, sparse_attention_forward
-from ...cuda.checks import random_block_lists
+from ...block_lists import allowed_cells, computed_cells
+from ...block_table import BlockTable
+from ...cuda.attention import SparseAttentionPlan
+from ...cuda.checks import document_layout, random_block_lists
 from ...cuda.decode import CudaDecoder
 from ...errors import SiftError
-from ...layout import PromptLayout, random_prompt_bits
+from ...layout import random_prompt_bits
+from .prefill_cases import PAPER_CA_DENSITY, PAPER_LA_DENSITY
 
 SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-135M
 LENGTHS = (16384, 32768, 65536)
 DENSITIES = (1.0, 0.3, 0.1)
 BLOCK_NS = (128, 64)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Layouts and FLOPs
-# ----------------------------------------------------------------------------------------------------------
-
-def block_lists_flops(blocks: BlockLists, head_dim: int) -> int:
-    cells = causal_cells_per_block(blocks.seq_len, blocks.block_m, blocks.block_n, blocks.offsets.device)
-    m = blocks.dense_mask()
-    return int((m.to(torch.int64) * cells[None]).sum()) * 4 * head_dim
-
-
-def block_density(blocks: BlockLists) -> float:
-    return blocks.density()
+AGREE_BOUND = 1e-2
+DOC_LENGTHS = {(32, 8, 128): (300, 3000), (9, 3, 64): (450, 650)}  # 8B RAG documents; SmolLM2 NQ-like passages
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -75,9 +73,36 @@ def time_ms(fn, warmup: int = 3, reps: int = 10, budget_ms: float = 4000.0) -> f
     return float(np.median([s.elapsed_time(e) for s, e in times]))
 
 
+def graph_time_ms(fn, reps: int = 50) -> float | None:
+    """GPU time of fn() from CUDA-graph replays (no host launch overhead); None if capture fails."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        return time_ms(g.replay, warmup=3, reps=reps)
+    except Exception:
+        return None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The three attention implementations
 # ----------------------------------------------------------------------------------------------------------
+
+def model_layout_inputs(H: int, H_kv: int, L: int, D: int, seed: int = 0):
+    """q [H, L, D], k/v [H_kv, L, D] as views of [L, heads, D] tensors (the model's own layout), random bf16."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(L, H, D, device="cuda", generator=g).to(torch.bfloat16).transpose(0, 1)
+    k = torch.randn(L, H_kv, D, device="cuda", generator=g).to(torch.bfloat16).transpose(0, 1)
+    v = torch.randn(L, H_kv, D, device="cuda", generator=g).to(torch.bfloat16).transpose(0, 1)
+    return q, k, v
+
 
 def cudnn_dense_fn(q, k, v, scale):
     """SDPA pinned to cuDNN, dense causal; inputs [H, L, D] → adds the batch dim."""
@@ -106,11 +131,10 @@ def cudnn_dense_fn(q, k, v, scale):
 
 def flex_fn(q, k, v, blocks: BlockLists, scale):
     """The `flex` backend of `sift prefill` on these block lists, its BlockMask prepared outside the timed call."""
-    backend = FlexBackend()
-    plan = backend.prepare(blocks)
+    attend = FlexBackend().prepare(blocks.table, [blocks])
 
     def run():
-        return backend.forward(q, k, v, blocks, scale, plan=plan)
+        return attend(0, q, k, v, scale)
 
     run()
     torch.cuda.synchronize()
@@ -118,82 +142,70 @@ def flex_fn(q, k, v, blocks: BlockLists, scale):
 
 
 def sift_fn(q, k, v, blocks: BlockLists, scale, **variant):
-    out = torch.empty_like(q)
+    """The kernel through a prepared plan (what a prefill layer runs), writing the model's [L, H, D] layout."""
+    plan = SparseAttentionPlan(blocks.table, blocks.offsets[None], blocks.indices[None], q.shape[0], k.shape[0],
+                               q.shape[2], scale, **variant)
+    out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=torch.bfloat16, device="cuda").transpose(0, 1)
 
     def run():
-        return sparse_attention_forward(q, k, v, blocks, scale, out=out, **variant)
+        return plan(0, q, k, v, out=out)
 
     return run
+
+
+def block_lists_flops(blocks: BlockLists, head_dim: int) -> int:
+    return computed_cells(blocks) * 4 * head_dim
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Layouts
+# ----------------------------------------------------------------------------------------------------------
+
+def document_case(H: int, L: int, block_n: int, seed: int, lengths: tuple[int, int]):
+    """(block lists of one layer over a document-aligned table, cells/allowed) for a real-shaped prompt with
+    bits at the paper's densities, decoded by the CUDA decoder."""
+    rng = np.random.default_rng(seed)
+    layout = document_layout(rng, L, *lengths)
+
+    def off_diagonal(p: int) -> float:
+        total = p * (p + 1) / 2
+        return 0.0 if p == 1 else min(1.0, max(0.0, (PAPER_LA_DENSITY * total - p) / (total - p)))
+
+    bits = random_prompt_bits(layout, 64, 1, H, off_diagonal, PAPER_CA_DENSITY, rng)[0].to("cuda")
+    table = BlockTable.for_layout(layout, 128, block_n)
+    blocks = CudaDecoder(bits, table).layer(0)
+    return blocks, computed_cells(blocks) / max(1, allowed_cells(bits, 0)), len(layout.docs)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Decode benchmark
 # ----------------------------------------------------------------------------------------------------------
 
-def synthetic_prompt_bits(seq_len: int, n_layers: int = 30, n_heads: int = 9, tile: int = 64, doc_len: int = 2048,
-                          prefix_len: int = 48, suffix_len: int = 96, la_p: float = 0.27, ca_p: float = 0.06,
-                          seed: int = 0):
-    """PromptBits for prefix + docs of doc_len tokens + suffix ≈ seq_len tokens, random bits at paper-like
-    densities (LA 27% of tiles, diagonal always set; CA 6% of pages)."""
-    n_docs = max(1, (seq_len - prefix_len - suffix_len) // doc_len)
-    lengths = [doc_len] * n_docs
-    lengths[-1] += max(0, seq_len - prefix_len - suffix_len - doc_len * n_docs)
-    lay = PromptLayout.build(prefix_len, [f"d{i}" for i in range(n_docs)], lengths, suffix_len)
-    return random_prompt_bits(lay, tile, n_layers, n_heads, la_p, ca_p, np.random.default_rng(seed))[0]
-
-
-def graph_time_ms(fn, reps: int = 200) -> float | None:
-    """GPU time of fn() from CUDA-graph replays (no host launch overhead); None if capture fails."""
-    try:
-        fn()
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        return time_ms(g.replay, warmup=3, reps=reps) if reps else None
-    except Exception:
-        return None
-
-
-def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) -> list[dict]:
+def bench_decode(lengths=(15360, 32768, 65536), shapes=((32, 32), (30, 9)), block_n: int = 64,
+                 log=print) -> list[dict]:
+    """Every layer decoded in one go (count, scan, write), GPU time per layer: the paper's shape (32 layers,
+    32 heads) and SmolLM2's (30, 9); 2,048-token documents, bits at the paper's densities."""
     rows = []
-    for L in lengths:
-        bits = synthetic_prompt_bits(L).to("cuda")
-        dec = CudaDecoder(bits, BLOCK_M, block_n)  # pass 1 for all 30 layers (and compile)
-        layer = dec.layers.stop // 2
-        offsets = dec.offsets[layer]
-        indices = torch.empty(int(dec.nnz[layer]), dtype=torch.int32, device="cuda")
+    for n_layers, n_heads in shapes:
+        for L in lengths:
+            rng = np.random.default_rng(L)
+            layout = document_layout(rng, L, 2048, 2048, prefix_len=48, suffix_len=96)
+            bits = random_prompt_bits(layout, 64, n_layers, n_heads, PAPER_LA_DENSITY, PAPER_CA_DENSITY,
+                                      rng)[0].to("cuda")
+            table = BlockTable.for_layout(layout, 128, block_n).to("cuda")
 
-        def per_layer():  # pass 1 + prefix sum + pass 2 for one layer, no host sync
-            off = dec.count(layer, 1)[0]
-            dec.write(layer, off, indices)
+            def decode():
+                CudaDecoder(bits, table)
 
-        def all_counts():
-            dec.count(0, bits.n_layers)
-
-        def write_only():
-            dec.write(layer, offsets, indices)
-
-        eager = time_ms(per_layer, warmup=5, reps=50)
-        g_layer = graph_time_ms(per_layer)
-        g_counts = graph_time_ms(all_counts, reps=50)
-        g_write = graph_time_ms(write_only)
-        ms_layer = g_layer if g_layer is not None else eager
-        amortised = (g_counts / bits.n_layers + g_write) if (g_counts is not None and g_write is not None) else None
-        rows.append(dict(kind="decode", L=L, layers=bits.n_layers, heads=bits.n_heads, tile=bits.tile,
-                         block_n=block_n, nnz=int(dec.nnz[layer]), ms_per_layer=ms_layer, ms_eager=eager,
-                         ms_amortised=amortised, ms_count_all_layers=g_counts, ms_write=g_write,
-                         timing="cuda graph" if g_layer is not None else "eager",
-                         target_ms={15360: 0.04, 32768: 0.075, 65536: 0.14}.get(L)))
-        log(f"decode L={L}: {ms_layer:.4f} ms/layer GPU ({rows[-1]['timing']}; eager incl. host launches "
-            f"{eager:.4f}), amortised {amortised}")
+            eager = time_ms(decode, warmup=3, reps=20)
+            graphed = graph_time_ms(decode)
+            ms = graphed if graphed is not None else eager
+            rows.append(dict(kind="decode", L=L, layers=n_layers, heads=n_heads, tile=64, block_n=block_n,
+                             ms_all_layers=ms, ms_per_layer=ms / n_layers, ms_eager_all_layers=eager,
+                             timing="cuda graph" if graphed is not None else "eager",
+                             target_ms={15360: 0.04, 32768: 0.075, 65536: 0.14}.get(L)))
+            log(f"decode {n_layers}x{n_heads} L={L}: {ms / n_layers:.4f} ms/layer GPU ({rows[-1]['timing']}; "
+                f"all layers {ms:.3f} ms)")
     return rows
 
 
@@ -201,9 +213,38 @@ def bench_decode(lengths=(15360, 32768, 65536), block_n: int = 64, log=print) ->
 # Driver
 # ----------------------------------------------------------------------------------------------------------
 
+def _attention_rows(q, k, v, blocks: BlockLists, layout: str, scale: float, cudnn_tflops: float, flex: bool,
+                    row_base: dict, log) -> list[dict]:
+    D = q.shape[2]
+    flops = block_lists_flops(blocks, D)
+    rows = []
+    run = sift_fn(q, k, v, blocks, scale)
+    ms_sift = time_ms(run)
+    tf = flops / ms_sift / 1e9
+    rows.append(dict(row_base, impl="SIFT cuda", ms=ms_sift, tflops=tf, pct_of_cudnn=100.0 * tf / cudnn_tflops))
+    msg = f"  {layout} bn={blocks.block_n} density={blocks.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
+    if flex:
+        try:
+            frun = flex_fn(q, k, v, blocks, scale)
+            ms_flex = time_ms(frun)
+            tf_flex = flops / ms_flex / 1e9
+            a, b = frun().float(), run().float()  # every head of both
+            agree = float((a - b).norm() / b.norm())
+            rows.append(dict(row_base, impl="FlexAttention", ms=ms_flex, tflops=tf_flex, agree=agree,
+                             note=f"rel diff vs sift {agree:.1e}" + (" DISAGREE" if agree > AGREE_BOUND else "")))
+            rows[-2]["speedup_vs_flex"] = ms_flex / ms_sift
+            msg += f" | flex {ms_flex:.3f} ms {tf_flex:.0f} TFLOP/s, agree {agree:.1e}"
+        except Exception as exc:  # record, keep going
+            rows.append(dict(row_base, impl="FlexAttention", ms=None, tflops=None,
+                             note=f"failed: {type(exc).__name__}: {str(exc)[:160]}"))
+            msg += f" | flex failed: {type(exc).__name__}"
+    log(msg)
+    return rows
+
+
 def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities=None, block_ns=BLOCK_NS,
-                     flex: bool = True, decode: bool = True, time_budget_s: float | None = None,
-                     log=print, checkpoint=None) -> list[dict]:
+                     flex: bool = True, decode: bool = True, documents: bool = True,
+                     time_budget_s: float | None = None, log=print, checkpoint=None) -> list[dict]:
     """All rows of the kernel table (docs/benchmarks.md). quick: L = 16K only and densities 100% / 10%."""
     if not torch.cuda.is_available():
         raise SiftError("sift bench kernels needs a CUDA GPU (Hopper for the bundled kernels)")
@@ -211,98 +252,77 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
     densities = densities or ((1.0, 0.1) if quick else DENSITIES)
     t0 = time.time()
     rows: list[dict] = []
-    torch.manual_seed(0)
     for L in lengths:
         for H, H_kv, D in shapes:
-            q = torch.randn(H, L, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(H_kv, L, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(H_kv, L, D, device="cuda", dtype=torch.bfloat16)
+            q, k, v = model_layout_inputs(H, H_kv, L, D, seed=L + D)
             scale = 1.0 / math.sqrt(D)
             dense_flops = 4 * D * H * L * (L + 1) // 2
             run, how = cudnn_dense_fn(q, k, v, scale)
             ms = time_ms(run)
             cudnn_tflops = dense_flops / ms / 1e9
-            rows.append(dict(kind="attention", impl="cuDNN SDPA", H=H, H_kv=H_kv, D=D, L=L, block_n=None,
-                             density=1.0, ms=ms, tflops=cudnn_tflops, note=how))
+            rows.append(dict(kind="attention", impl="cuDNN SDPA", layout="causal", H=H, H_kv=H_kv, D=D, L=L,
+                             block_n=None, density=1.0, ms=ms, tflops=cudnn_tflops, note=how))
             log(f"H={H} D={D} L={L} cuDNN dense: {ms:.3f} ms {cudnn_tflops:.0f} TFLOP/s ({how})")
             for bn in block_ns:
+                use_flex = flex and not (time_budget_s is not None and time.time() - t0 > time_budget_s)
+                table = BlockTable.causal(L, 128, bn, device="cuda")
                 for dens in densities:
-                    blocks = random_block_lists(H, L, bn, dens, seed=L + bn)
-                    flops = block_lists_flops(blocks, D)
-                    row_base = dict(kind="attention", H=H, H_kv=H_kv, D=D, L=L, block_n=bn,
-                                    density=blocks.density())
-                    ms_sift = time_ms(sift_fn(q, k, v, blocks, scale))
-                    tf = flops / ms_sift / 1e9
-                    rows.append(dict(row_base, impl="SIFT cuda", ms=ms_sift, tflops=tf,
-                                     pct_of_cudnn=100.0 * tf / cudnn_tflops))
-                    msg = f"  bn={bn} density={blocks.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
-                    over = time_budget_s is not None and time.time() - t0 > time_budget_s
-                    if flex and not over:
-                        try:
-                            frun = flex_fn(q, k, v, blocks, scale)
-                            ms_flex = time_ms(frun)
-                            tf_flex = flops / ms_flex / 1e9
-                            a, b = frun()[0].float(), sift_fn(q, k, v, blocks, scale)().float()
-                            agree = float((a - b).norm() / b.norm())
-                            rows.append(dict(row_base, impl="FlexAttention", ms=ms_flex, tflops=tf_flex,
-                                             note=f"rel diff vs sift {agree:.1e}"))
-                            rows[-2]["speedup_vs_flex"] = ms_flex / ms_sift
-                            msg += f" | flex {ms_flex:.3f} ms {tf_flex:.0f} TFLOP/s"
-                        except Exception as exc:  # record, keep going
-                            rows.append(dict(row_base, impl="FlexAttention", ms=None, tflops=None,
-                                             note=f"failed: {type(exc).__name__}: {str(exc)[:160]}"))
-                            msg += f" | flex failed: {type(exc).__name__}"
-                    elif flex:
-                        rows.append(dict(row_base, impl="FlexAttention", ms=None, tflops=None,
-                                         note="skipped: time budget"))
-                    log(msg)
-                    del blocks
+                    blocks = random_block_lists(table, H, dens, seed=L + bn)
+                    base = dict(kind="attention", layout="causal", H=H, H_kv=H_kv, D=D, L=L, block_n=bn,
+                                density=blocks.density())
+                    rows += _attention_rows(q, k, v, blocks, "causal", scale, cudnn_tflops, use_flex, base, log)
+                if documents:
+                    blocks, ratio, n_docs = document_case(H, L, bn, L + bn, DOC_LENGTHS.get((H, H_kv, D), (300, 3000)))
+                    lo, hi = DOC_LENGTHS.get((H, H_kv, D), (300, 3000))
+                    base = dict(kind="attention", layout=f"{n_docs} docs of {lo}-{hi}", H=H, H_kv=H_kv, D=D, L=L,
+                                block_n=bn, density=blocks.density(), cells_over_allowed=ratio)
+                    rows += _attention_rows(q, k, v, blocks, "documents", scale, cudnn_tflops, use_flex, base, log)
+                if checkpoint:
+                    checkpoint(rows)
             del q, k, v
             torch.cuda.empty_cache()
-            if checkpoint:
-                checkpoint(rows)
     if decode:
         rows += bench_decode(lengths=(15360,) if quick else (15360, 32768, 65536), log=log)
     return rows
 
 
+_COLUMNS = ("H/H_kv/D", "L", "layout", "KV block", "density", "cells/allowed", "impl", "ms", "TFLOP/s", "% cuDNN",
+            "× vs Flex", "note")
+
+
+def _cells(r: dict) -> list[str]:
+    return [f"{r['H']}/{r['H_kv']}/{r['D']}", f"{r['L'] // 1024}K", r.get("layout", "causal"), str(r["block_n"] or "-"),
+            f"{100 * r['density']:.0f}%", _f(r.get("cells_over_allowed"), 3), r["impl"], _f(r.get("ms"), 3),
+            _f(r.get("tflops"), 0), _f(r.get("pct_of_cudnn"), 0), _f(r.get("speedup_vs_flex"), 2), r.get("note", "")]
+
+
 def render(rows: list[dict]):
     """A rich Table of the rows (attention first, then decode)."""
     t = Table(title="Attention forward, bf16, batch 1 (TFLOP/s over computed causal pairs)")
-    for col in ("H/H_kv/D", "L", "KV block", "density", "impl", "ms", "TFLOP/s", "% cuDNN", "× vs Flex", "note"):
-        t.add_column(col, justify="right" if col not in ("impl", "note") else "left")
+    for col in _COLUMNS:
+        t.add_column(col, justify="left" if col in ("impl", "note", "layout") else "right")
     for r in rows:
-        if r.get("kind") != "attention":
-            continue
-        t.add_row(f"{r['H']}/{r['H_kv']}/{r['D']}", f"{r['L'] // 1024}K", str(r["block_n"] or "-"),
-                  f"{100 * r['density']:.0f}%", r["impl"], _f(r.get("ms"), 3), _f(r.get("tflops"), 0),
-                  _f(r.get("pct_of_cudnn"), 0), _f(r.get("speedup_vs_flex"), 2), r.get("note", ""))
-    d = Table(title="Bit-vector decode (SmolLM2 shape: 30 layers, 9 heads, T=64, docs of 2K tokens)")
-    for col in ("L", "KV block", "ms / layer", "amortised ms / layer", "target ms"):
+        if r.get("kind") == "attention":
+            t.add_row(*_cells(r))
+    d = Table(title="Bit-vector decode, every layer in one go (T=64, KV blocks of 64, documents of 2K tokens)")
+    for col in ("layers × heads", "L", "ms / layer", "ms, all layers", "target ms / layer"):
         d.add_column(col, justify="right")
     for r in rows:
         if r.get("kind") == "decode":
-            d.add_row(f"{r['L']}", str(r["block_n"]), _f(r["ms_per_layer"], 4), _f(r.get("ms_amortised"), 4),
+            d.add_row(f"{r['layers']}×{r['heads']}", f"{r['L']}", _f(r["ms_per_layer"], 4), _f(r["ms_all_layers"], 3),
                       _f(r.get("target_ms"), 3))
-
     return Group(t, d)
 
 
 def markdown(rows: list[dict]) -> str:
-    """The same table as Markdown (for docs/benchmarks.md)."""
-    lines = ["| H/H_kv/D | L | KV block | density | impl | ms | TFLOP/s | % cuDNN | × vs Flex | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r.get("kind") == "attention":
-            lines.append(f"| {r['H']}/{r['H_kv']}/{r['D']} | {r['L'] // 1024}K | {r['block_n'] or '-'} | "
-                         f"{100 * r['density']:.0f}% | {r['impl']} | {_f(r.get('ms'), 3)} | {_f(r.get('tflops'), 0)} | "
-                         f"{_f(r.get('pct_of_cudnn'), 0)} | {_f(r.get('speedup_vs_flex'), 2)} | {r.get('note', '')} |")
-    lines += ["", "| L | KV block | ms / layer (pass 1 + scan + pass 2) | amortised ms / layer | target ms |",
-              "|---|---|---|---|---|"]
+    """The same tables as Markdown (for docs/benchmarks.md)."""
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows if r.get("kind") == "attention"]
+    lines += ["", "| layers × heads | L | ms / layer | ms, all layers | target ms / layer |", "|---|---|---|---|---|"]
     for r in rows:
         if r.get("kind") == "decode":
-            lines.append(f"| {r['L']} | {r['block_n']} | {_f(r['ms_per_layer'], 4)} | {_f(r.get('ms_amortised'), 4)} | "
-                         f"{_f(r.get('target_ms'), 3)} |")
+            lines.append(f"| {r['layers']}×{r['heads']} | {r['L']} | {_f(r['ms_per_layer'], 4)} | "
+                         f"{_f(r['ms_all_layers'], 3)} | {_f(r.get('target_ms'), 3)} |")
     return "\n".join(lines)
 
 

@@ -6,9 +6,12 @@ Modes and their split
 - `full`: the model's own forward, SDPA pinned to cuDNN (falls back, and says so, when cuDNN refuses);
 - `no-attention`: the same forward with attention replaced by a free identity — the projections+MLP time
   (everything but attention); `attention_ms = TTFT − no-attention` for the other modes;
-- `sift-<backend>`: metadata transfer (bit vectors host→GPU), decode (bits → CSR lists, plus the backend's own
-  preparation), and the forward with block-sparse attention. `ideal_ms` is the full TTFT minus the skipped share
-  (1 − cell density) of full attention time;
+- `sift-<backend>`: metadata transfer (bit vectors host→GPU), decode (bits → CSR lists over the prompt's
+  document-aligned block table, plus the backend's own preparation), and the forward with block-sparse
+  attention. `ideal_ms` is the full TTFT minus the skipped share (1 − cell density) of full attention time;
+  `cells_over_allowed` is SPEC §6's fidelity measure (causal pairs computed over pairs the bits allow);
+- with `cuda_graphs`, `full` and `sift-<backend>` are each captured once per prompt (SIFT's decode included) and
+  their replays timed; the capture is reported apart (`capture_ms`);
 - `cacheblend`: the blended forward of `eval.kvreuse` (layer 0 full, ~15% of tokens from layer 1 on; the released
   code's bottom-right mask, which is what its fast kernel computes), reused KV streamed per layer from pinned host
   memory on a side stream (pipelined, as CacheBlend loads layer l+1 while computing layer l); `compute_ms` is the
@@ -33,10 +36,10 @@ from ...attention.backends import get_backend
 from ...attention.cuda import CudaBackend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...attention.swap import swapped_attention
-from ...block_lists import mean_densities
+from ...block_lists import cells_over_allowed, mean_densities
 from ...errors import SiftError
 from ...models import load_model
-from ...prefill import sparse_prefill, sync_device
+from ...prefill import GraphedPrefill, PrefillOptions, prepare_sparse, prompt_table, sparse_prefill, sync_device
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV
@@ -126,6 +129,8 @@ class _CaseRun:
     ratio: float
     ssd_gbps: float
     log: object
+    cuda_graphs: bool = False
+    query_blocks: str = "segment"
     rows: list = field(default_factory=list)
     full: float = 0.0  # TTFT of full recompute, ms
     rest: float = 0.0  # TTFT without attention, ms
@@ -183,12 +188,21 @@ class _CaseRun:
 
         def dense():
             with _sdpa_pin(dev, kernel), _stand_in(self.model, impl):
-                self.forward()
+                return self.forward()
 
-        full_runs = timed(dense, dev, self.repeat, max(0, self.warmup - 1))
+        capture_ms = None
+        if self.cuda_graphs:
+            with _sdpa_pin(dev, kernel), _stand_in(self.model, impl):
+                graph = GraphedPrefill(self.case.lm, self.ids)
+            capture_ms = graph.capture_ms
+            full_runs = timed(graph.replay, dev, self.repeat, max(0, self.warmup - 1))
+            del graph
+        else:
+            full_runs = timed(dense, dev, self.repeat, max(0, self.warmup - 1))
         self.full = statistics.median(full_runs)
         row = {**self.base, "mode": "full", "ttft_ms": self.full, "runs_ms": full_runs,
-               "dense_kernel": f"sdpa-{kernel}" + (" (K/V expanded)" if impl else "")}
+               "dense_kernel": f"sdpa-{kernel}" + (" (K/V expanded)" if impl else ""), "cuda_graphs": self.cuda_graphs,
+               "capture_ms": capture_ms}
         self.add_energy(row, dense)
         self.rows.append(row)
         self.log(f"  {L:>6} full        {self.full:9.1f} ms  ({row['dense_kernel']})")
@@ -212,32 +226,53 @@ class _CaseRun:
         if backend.name == "reference" and dev.type == "cpu":
             backend = ReferenceBackend(rows=BAND_ROWS)
         decoder = "cuda" if (backend.name == "cuda" or _cuda_decoder_ok(dev)) else "torch"
+        opts = PrefillOptions(block_m=self.block_m, block_n=self.block_n, query_blocks=self.query_blocks)
+        if self.cuda_graphs:
+            ttft, runs_ms, transfer, decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
+                prompt, backend, opts, decoder)
+        else:
+            def run():
+                return sparse_prefill(lm, prompt, backend, self.ids, opts, decoder)
 
-        def run():
-            return sparse_prefill(lm, prompt, backend, self.ids, self.block_m, self.block_n, decoder)
-
-        runs = []
-        for i in range(self.warmup + self.repeat):
-            r = run()
-            r.past = None  # the KV cache (GBs at 64K) is not needed for timing
-            if i >= self.warmup:
-                runs.append(r)
-        med = statistics.median
-        cells, blocks = mean_densities(runs[-1].block_lists)
-        ttft = med(r.ttft_ms for r in runs)
-        fwd = med(r.forward_ms for r in runs)
+            runs = []
+            for i in range(self.warmup + self.repeat):
+                r = run()
+                r.past = None  # the KV cache (GBs at 64K) is not needed for timing
+                if i >= self.warmup:
+                    runs.append(r)
+            med = statistics.median
+            ttft, runs_ms = med(r.ttft_ms for r in runs), [r.ttft_ms for r in runs]
+            transfer, decode = med(r.transfer_ms for r in runs), med(r.prepare.wall_ms for r in runs)
+            fwd, block_lists, capture_ms = med(r.forward.wall_ms for r in runs), runs[-1].plan.block_lists, None
+            del runs
+        cells, blocks = mean_densities(block_lists)
         ideal = self.full - (1 - cells) * self.attn_full
-        row = {**self.base, "mode": f"sift-{backend.name}", "ttft_ms": ttft, "runs_ms": [r.ttft_ms for r in runs],
-               "transfer_ms": med(r.transfer_ms for r in runs), "decode_ms": med(r.decode_ms for r in runs),
-               "forward_ms": fwd, "attention_ms": max(0.0, fwd - self.rest), "other_ms": self.rest,
-               "cell_density": cells, "block_density": blocks, "metadata_bytes": self.case.bits.nbytes(),
+        row = {**self.base, "mode": f"sift-{backend.name}", "ttft_ms": ttft, "runs_ms": runs_ms,
+               "transfer_ms": transfer, "decode_ms": decode, "forward_ms": fwd,
+               "attention_ms": None if fwd is None else max(0.0, fwd - self.rest), "other_ms": self.rest,
+               "cell_density": cells, "block_density": blocks,
+               "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
+                                                        block_lists),
+               "query_blocks": self.query_blocks, "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
-               "speedup": self.full / ttft if ttft else None, "decoder": decoder}
-        del runs
+               "speedup": self.full / ttft if ttft else None, "decoder": decoder,
+               "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms}
+        del block_lists
         self.add_energy(row, run)
         self.rows.append(row)
         self.log(f"  {self.L:>6} sift-{backend.name:<7}{ttft:9.1f} ms  ×{row['speedup']:.2f}  density {cells:.3f}  "
-                 f"ideal {ideal:.1f} ms  decode {row['decode_ms']:.1f} ms")
+                 f"cells/allowed {row['cells_over_allowed']:.3f}  ideal {ideal:.1f} ms"
+                 + (f"  decode {decode:.1f} ms" if decode is not None else ""))
+
+    def _sift_graphed(self, prompt, backend, opts, decoder):
+        """SIFT captured once (decode + forward), then replayed; TTFT adds the bits' transfer."""
+        lm, dev = self.case.lm, self.dev
+        bits, table, transfer = prompt_table(prompt, opts, dev)
+        graph = GraphedPrefill(lm, self.ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+        runs_ms = [t + transfer for t in timed(graph.replay, dev, self.repeat, self.warmup)]
+        block_lists = graph.plan.block_lists
+        return (statistics.median(runs_ms), runs_ms, transfer, None, None, block_lists, graph.capture_ms,
+                graph.replay)
 
     def cacheblend(self, host_kv: HostKV | None) -> None:
         """`cacheblend`: reused KV streamed per layer; compute-only and SSD-modelled times beside it."""
@@ -304,10 +339,12 @@ def _ssd_model_ms(per_layer: list[float] | None, first: int, disk_ms: float) -> 
 def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",), repeat: int = 3,
              warmup: int = 1, energy: bool = True, block_m: int = 128, block_n: int = 64, ratio: float = 0.15,
              ssd_gbps: float = 3.8, host_kv: HostKV | None = None, dense_kernel: str = "cudnn",
-             log=print, baseline: tuple[float, float] | None = None) -> list[dict]:
+             log=print, baseline: tuple[float, float] | None = None, cuda_graphs: bool = False,
+             query_blocks: str = "segment") -> list[dict]:
     """Rows (one per mode) for one prompt length. baseline: (full ms, no-attention ms) measured earlier on the
     same model and length — full recompute is then not re-run."""
-    run = _CaseRun(case, repeat, warmup, energy, block_m, block_n, ratio, ssd_gbps, log)
+    run = _CaseRun(case, repeat, warmup, energy, block_m, block_n, ratio, ssd_gbps, log, cuda_graphs=cuda_graphs,
+                   query_blocks=query_blocks)
     if baseline is not None:
         run.full, run.rest = baseline
     else:
@@ -353,6 +390,7 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
             e[f"{r['mode']}_speedup"] = r.get("speedup")
             e[f"{r['mode']}_over_ideal"] = r.get("ttft_over_ideal")
             e["cell_density"] = r.get("cell_density")
+            e["cells_over_allowed"] = r.get("cells_over_allowed")
     return list(out.values())
 
 
@@ -376,16 +414,18 @@ def _run_cases(cases, emit, out_of_time, log, host_kv_for=None, empty_cache: boo
             torch.cuda.empty_cache()
 
 
-def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper", doc_tokens: int = 2048,
-              modes=("full", "sift", "cacheblend"), backends=("auto",), repeat: int = 3, warmup: int = 1,
-              energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8, data=None, smol_model: str | None = None,
-              cpu_smoke: bool = False, deadline: float | None = None, log=print, on_rows=None) -> list[dict]:
+def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
+              doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"), backends=("auto",),
+              repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8,
+              data=None, smol_model: str | None = None, cpu_smoke: bool = False, deadline: float | None = None,
+              log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "segment") -> list[dict]:
     """Every (model, length) case; rows of `run_case`. models: 'llama3-8b' (the 8B-shaped model with `pattern`
     bits) and/or 'smollm2' (real profiles; `smol_model` is a --model spec, default the bundled GGUF)."""
     device = require_gpu(cpu_smoke)
     rows: list[dict] = []
     case_kw = dict(modes=modes, backends=backends, repeat=repeat, warmup=warmup, energy=energy, ratio=ratio,
-                   ssd_gbps=ssd_gbps)
+                   ssd_gbps=ssd_gbps, cuda_graphs=cuda_graphs, query_blocks=query_blocks)
+    longest_doc = doc_tokens[1] if isinstance(doc_tokens, tuple) else doc_tokens
 
     def emit(new):
         rows.extend(new)
@@ -407,7 +447,7 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper", do
     for name in models:
         if name in ("llama3-8b", "llama"):
             if pattern == "sampled" and sources is None:
-                sources = real_profiles(load_smol(), essay_token_docs(load_smol(), data, doc_tokens, 16))[1]
+                sources = real_profiles(load_smol(), essay_token_docs(load_smol(), data, longest_doc, 16))[1]
             held: dict = {}
 
             def host_kv_for(case):  # one pinned buffer for every length of this model, made on first use
@@ -425,16 +465,17 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper", do
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         elif name in ("smollm2", "smol"):
-            _run_cases(smol_cases(load_smol(), lengths, data, doc_tokens), emit, out_of_time, log, **case_kw)
+            _run_cases(smol_cases(load_smol(), lengths, data, longest_doc), emit, out_of_time, log, **case_kw)
         else:
             raise SiftError(f"--models {name}: expected llama3-8b or smollm2")
     return rows
 
 
-def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper", doc_tokens: int = 2048,
-                  modes=("full", "sift", "cacheblend"), backends=("auto",), repeat: int = 3, warmup: int = 1,
-                  energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8, data=None,
-                  smol_model: str | None = None, cpu_smoke: bool = False, log=print) -> dict:
+def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
+                  doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"),
+                  backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
+                  ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
+                  log=print, cuda_graphs: bool = False, query_blocks: str = "segment") -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
     pass (lengths capped at 512, at most two; 128-token documents)."""
     require_gpu(cpu_smoke)
@@ -442,5 +483,6 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
         lengths = [min(x, 512) for x in lengths][:2]
         doc_tokens = 128
     rows = run_bench(models, lengths, pattern, doc_tokens, tuple(modes), tuple(backends), repeat, warmup, energy,
-                     ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log)
+                     ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log, cuda_graphs=cuda_graphs,
+                     query_blocks=query_blocks)
     return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke}

@@ -56,15 +56,25 @@ def llama3_8b_shaped(device="cuda", dtype=torch.bfloat16, overrides: dict | None
 
 # ---- prompts and bit patterns ----------------------------------------------------------------------------------
 
-def synthetic_layout(total: int, doc_tokens: int, prefix_len: int = 16, suffix_len: int = 32) -> PromptLayout:
-    """prefix ‖ docs of `doc_tokens` tokens (the last one shorter) ‖ suffix, exactly `total` tokens."""
+def synthetic_layout(total: int, doc_tokens: int | tuple[int, int], prefix_len: int = 16, suffix_len: int = 32,
+                     seed: int = 0) -> PromptLayout:
+    """prefix ‖ docs ‖ suffix, exactly `total` tokens: docs of `doc_tokens` tokens, or of lengths drawn uniformly
+    in the range (lo, hi); the last document is cut to fit."""
     body = total - prefix_len - suffix_len
     if body < 1:
         raise SiftError(f"length {total} is too short for a prompt")
-    lengths = [doc_tokens] * (body // doc_tokens)
-    if body % doc_tokens:
-        lengths.append(body % doc_tokens)
+    lo, hi = doc_tokens if isinstance(doc_tokens, tuple) else (doc_tokens, doc_tokens)
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while body > 0:
+        n = min(body, int(rng.integers(lo, hi + 1)))
+        lengths.append(n)
+        body -= n
     return PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(lengths))], lengths, suffix_len)
+
+
+def describe_doc_tokens(doc_tokens: int | tuple[int, int]) -> str:
+    return f"{doc_tokens[0]}–{doc_tokens[1]}" if isinstance(doc_tokens, tuple) else f"{doc_tokens}"
 
 
 def paper_density_bits(layout: PromptLayout, n_layers: int, n_heads: int, tile: int = 64,
@@ -121,17 +131,18 @@ class _Cropped:
 
 # ---- cases -----------------------------------------------------------------------------------------------------
 
-def llama_cases(lengths, pattern: str = "paper", doc_tokens: int = 2048, tile: int = 64, sources=None,
-                device="cuda", overrides: dict | None = None, seed: int = 0, lm=None, prefix_len: int = 16):
+def llama_cases(lengths, pattern: str = "paper", doc_tokens: int | tuple[int, int] = 2048, tile: int = 64,
+                sources=None, device="cuda", overrides: dict | None = None, seed: int = 0, lm=None,
+                prefix_len: int = 16):
     """Yield a Case for the 8B-shaped model at each length (the model is built once, or `lm` is reused).
-    prefix_len: a multiple of the KV block (64) puts every document on the block grid, so no KV block straddles
-    two pages; the default 16 does not, which is the usual case for real prompts."""
+    doc_tokens: one length, or a (lo, hi) range each document's length is drawn from. prefix_len 16 puts no
+    document on a 64-token boundary, as in real prompts (blocks follow the documents either way)."""
     if lm is None:
         lm = llama3_8b_shaped(device, torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32,
                               overrides, seed)
     g = torch.Generator().manual_seed(seed)
     for L in lengths:
-        lay = synthetic_layout(L, doc_tokens, prefix_len)
+        lay = synthetic_layout(L, doc_tokens, prefix_len, seed=seed + L)
         if pattern == "paper":
             bits = paper_density_bits(lay, lm.n_layers, lm.n_heads, tile, seed=seed)
             label = f"drawn at the paper's densities (LA {PAPER_LA_DENSITY:.1%} tiles, CA {PAPER_CA_DENSITY:.1%} pages)"
@@ -139,11 +150,10 @@ def llama_cases(lengths, pattern: str = "paper", doc_tokens: int = 2048, tile: i
             if not sources:
                 raise SiftError("pattern 'sampled' needs source profiles")
             bits = sampled_bits(lay, lm.n_layers, lm.n_heads, sources, tile, seed)
-            label = f"sampled from real SmolLM2 profiles of {doc_tokens}-token documents"
+            label = f"sampled from real SmolLM2 profiles of {describe_doc_tokens(doc_tokens)}-token documents"
         else:
             raise SiftError(f"pattern {pattern!r}: expected paper or sampled")
-        if prefix_len % 64 == 0 and doc_tokens % 64 == 0:
-            label += f", documents block-aligned ({prefix_len}-token prefix)"
+        label += f", documents of {describe_doc_tokens(doc_tokens)} tokens, {prefix_len}-token prefix"
         ids = torch.randint(0, lm.config.vocab_size, (L,), generator=g).tolist()
         yield Case(lm, lm.name, label, ids, bits)
 

@@ -9,8 +9,8 @@ from ...attention.reference import BAND_ROWS, ReferenceBackend
 
 
 def eval_backend(name: str, device: torch.device):
-    """The reference in its banded mode on CPU (or when asked for `reference`): the same function in a fraction of
-    the memory; otherwise what `attention.get_backend` gives."""
-    if name == "reference" or (name == "auto" and device.type != "cuda"):
+    """`reference`: the reference in its banded mode (the same function in a fraction of the memory); otherwise
+    what `attention.get_backend` gives (`auto`: cuda / flex on a GPU, gather on a CPU)."""
+    if name == "reference":
         return ReferenceBackend(rows=BAND_ROWS)
     return get_backend(name, device)

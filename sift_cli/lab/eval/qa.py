@@ -32,7 +32,7 @@ from ...attention.integration import prepare_plan, sparse_attention
 from ...block_lists import cell_density, mean_densities
 from ...config import resolve_profile_config
 from ...errors import SiftError
-from ...prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
+from ...prefill import PrefillOptions, compare_logits, dense_prefill, greedy_generate, sparse_prefill
 from ..runs import ModelSpec, ProgressBar, append_result, no_progress, read_results, run_metadata
 from .backend import eval_backend
 from .kvreuse import cacheblend_prefill, inv_freq_of, is_llama_family, kv_reuse_prefill, reused_kv, standalone_kv
@@ -64,7 +64,7 @@ def _timed_forward_with_block_lists(lm, ids, backend, block_lists):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
-    plan = prepare_plan(backend, block_lists)
+    plan = prepare_plan(backend, block_lists[0].table, block_lists)
     with torch.inference_mode(), sparse_attention(lm.model, plan):
         out = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1)
     if dev.type == "cuda":
@@ -89,13 +89,14 @@ def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: in
         tokens[mode] = greedy_generate(lm, lg, past, max_new_tokens)
         results[mode] = {"ttft_ms": ms, "text": tok.decode(tokens[mode], skip_special_tokens=True), **more}
 
-    d_logits, d_past, ms = dense_prefill(lm, ids)
-    finish("full", d_logits, d_past, ms)
+    dense = dense_prefill(lm, ids)
+    d_logits = dense.logits
+    finish("full", d_logits, dense.past, dense.timing.wall_ms)
     sift_lists = None
     if "sift" in modes or "sink+window" in modes:
-        s = sparse_prefill(lm, prompt, backend, ids, block_m, block_n, decoder)
-        sift_lists = s.block_lists
-        dens, blk = mean_densities(s.block_lists)
+        s = sparse_prefill(lm, prompt, backend, ids, PrefillOptions(block_m=block_m, block_n=block_n), decoder)
+        sift_lists = s.plan.block_lists
+        dens, blk = mean_densities(sift_lists)
         extra.update(sift_cell_density=dens, sift_block_density=blk)
         if "sift" in modes:
             finish("sift", s.logits, s.past, s.ttft_ms, cell_density=dens, block_density=blk)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ...block_lists import block_mask_for_layer, doc_ca_pages, doc_la_tiles
+from ...block_table import BlockTable
 from ...config import CPU_DEFAULTS, device_defaults, resolve_profile_config
 from ...errors import SiftError
 from ...prompt import Prompt
@@ -69,7 +70,9 @@ class RecallProbe:
         H, dev = q.shape[0], q.device
         group = H // k.shape[0]
         masks = [(la.to(dev), ca.to(dev)) for la, ca in doc_masks(self.prompt, layer)]
-        blocks = block_mask_for_layer(bits, layer, self.block_m, self.block_n).to(dev)  # [H, M, N]
+        table = BlockTable.for_layout(lay, self.block_m, self.block_n, device=dev)
+        blocks = block_mask_for_layer(bits, layer, table).to(dev)  # [H, M, N]
+        row_block, key_block = table.token_blocks()
         ca_key = torch.zeros(H, S, dtype=torch.bool, device=dev)  # key j's page is CA-selected
         for (_, ca), span in zip(masks, lay.docs):
             ca_key[:, span.start:span.end] = ca.repeat_interleave(T, 1)[:, :span.n_tokens]
@@ -95,7 +98,7 @@ class RecallProbe:
                     scores.masked_fill_(~causal, float("-inf"))
                     p = torch.softmax(scores, dim=-1)
                     del scores
-                    blk = blocks[h0:h1][:, gi // self.block_m][:, :, pos[:K] // self.block_n] & causal  # [h, R, K]
+                    blk = blocks[h0:h1][:, row_block[gi]][:, :, key_block[:K]] & causal  # [h, R, K]
                     self.mass[layer, hs] += (p * blk).sum((1, 2), dtype=torch.float64).cpu().numpy()
                     c["doc_rows"][layer, hs] += R
                     # LA: same document, causal

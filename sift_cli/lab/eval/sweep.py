@@ -19,11 +19,12 @@ import torch
 
 from ...bits import pack_doc
 from ...block_lists import decode_layer, mean_densities
+from ...block_table import BlockTable
 from ...config import device_defaults
 from ...corpus import CorpusFormat
 from ...errors import SiftError
 from ...models import prefix_token_ids, tokenize_documents
-from ...prefill import compare_logits, dense_prefill, greedy_generate, sparse_prefill
+from ...prefill import PrefillOptions, compare_logits, dense_prefill, greedy_generate, sparse_prefill
 from ...prompt import build_prompt
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .backend import eval_backend
@@ -101,7 +102,8 @@ class SweepContext:
         for spec in pset.prompts:
             p = self.prompt(spec, points[0])
             ids = torch.tensor([p.input_ids], device=lm.device)
-            logits, past, ms = dense_prefill(lm, ids)
+            run = dense_prefill(lm, ids)
+            logits, past, ms = run.logits, run.past, run.timing.wall_ms
             toks = greedy_generate(lm, logits, past, max_new_tokens)
             self.dense.append({"logits": logits, "tokens": toks, "ms": ms, "seq_len": p.layout.seq_len,
                                "text": lm.tokenizer.decode(toks, skip_special_tokens=True)})
@@ -126,7 +128,8 @@ class SweepContext:
         out = []
         for spec in self.pset.prompts:
             p = self.prompt(spec, point)
-            lays = [decode_layer(p.bits, layer, block_m, block_n) for layer in range(self.lm.n_layers)]
+            table = BlockTable.for_layout(p.layout, block_m, block_n)
+            lays = [decode_layer(p.bits, layer, table) for layer in range(self.lm.n_layers)]
             cells, blocks = mean_densities(lays)
             out.append({"cells": cells, "blocks": blocks})
         return out
@@ -137,10 +140,11 @@ class SweepContext:
         for spec, ref in zip(self.pset.prompts, self.dense):
             p = self.prompt(spec, point)
             ids = torch.tensor([p.input_ids], device=lm.device)
-            s = sparse_prefill(lm, p, backend, ids, block_m, block_n, "cuda" if backend.name == "cuda" else "torch")
+            s = sparse_prefill(lm, p, backend, ids, PrefillOptions(block_m=block_m, block_n=block_n),
+                               "cuda" if backend.name == "cuda" else "torch")
             cmp = compare_logits(ref["logits"], s.logits)
             toks = greedy_generate(lm, s.logits, s.past, self.max_new_tokens)
-            cells, blocks = mean_densities(s.block_lists)
+            cells, blocks = mean_densities(s.plan.block_lists)
             rows.append({"cells": cells, "blocks": blocks,
                          "kl": cmp["kl"], "first_token_same": cmp["first_token_match"],
                          "same_answer": toks == ref["tokens"], "ttft_ms": s.ttft_ms, "dense_ms": ref["ms"],

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from sift_cli.block_lists import block_mask_for_layer, decode_layer, doc_ca_pages, doc_la_tiles
+from sift_cli.block_table import BlockTable
 from sift_cli.config import ProfileConfig
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards
 from sift_cli.lab.eval.recall import area_shares, run_recall
@@ -17,8 +18,10 @@ def _brute_recall(attns, prompt, alpha, beta):
     T, P0 = bits.tile, lay.prefix_len
     tot = {"la_high": 0, "la_high_sel": 0, "ca_high": 0, "ca_high_sel": 0, "la_true_tiles": 0, "la_sel_cells": 0,
            "la_high_blk": 0}
+    table = BlockTable.for_layout(lay, 128, 64)
+    row_block, key_block = (t.numpy() for t in table.token_blocks())
     for layer, A in enumerate(attns):
-        blocks = block_mask_for_layer(bits, layer, 128, 64).numpy()
+        blocks = block_mask_for_layer(bits, layer, table).numpy()
         for d, span in enumerate(lay.docs):
             la = doc_la_tiles(bits, d, layer).numpy()
             s, n = span.start, span.n_tokens
@@ -26,7 +29,7 @@ def _brute_recall(attns, prompt, alpha, beta):
             causal = np.tril(np.ones((n, n), dtype=bool))
             high = (Ad >= alpha) & causal
             tiles = la[:, np.arange(n)[:, None] // T, np.arange(n)[None, :] // T] & causal
-            blk = blocks[:, (s + np.arange(n))[:, None] // 128, (s + np.arange(n))[None, :] // 64]
+            blk = blocks[:, row_block[s + np.arange(n)][:, None], key_block[s + np.arange(n)][None, :]]
             tot["la_high"] += high.sum()
             tot["la_high_sel"] += (high & tiles).sum()
             tot["la_high_blk"] += (high & blk).sum()
@@ -75,4 +78,4 @@ def test_recall_is_total_with_every_bit_set(tmp_path, tiny_lm, pset):
     o = res["overall"]
     assert o["la_recall"] == 1.0 and o["ca_recall"] == 1.0 and o["la_chosen_density"] == 1.0
     assert o["attention_mass_kept"] == pytest.approx(1.0, abs=1e-5)
-    assert decode_layer(prompts[0].bits, 0).density() == 1.0
+    assert decode_layer(prompts[0].bits, 0, BlockTable.for_layout(prompts[0].layout)).density() == 1.0
