@@ -46,6 +46,7 @@ class BlockTable:
     block_n: int
     seq_len: int
     query_blocks: str = "segment"
+    n_causal_blocks: int = -1  # (query block, KV block) pairs holding a causal pair, per head (host-side)
 
     @staticmethod
     def for_layout(layout: PromptLayout, block_m: int = 128, block_n: int = 64, query_blocks: str = "segment",
@@ -64,8 +65,10 @@ class BlockTable:
             q_start = np.arange(0, layout.seq_len, block_m, dtype=np.int32)
             q_len = np.minimum(block_m, layout.seq_len - q_start).astype(np.int32)
         t = lambda a: torch.as_tensor(a, dtype=torch.int32, device=device)  # noqa: E731
+        q_last = q_start.astype(np.int64) + q_len - 1
+        causal = int((np.searchsorted(kv_start, q_last, side="right")).sum())  # known here, so no device read later
         return BlockTable(t(q_start), t(q_len), t(kv_start), t(kv_len), t(kv_doc), block_m, block_n,
-                          layout.seq_len, query_blocks)
+                          layout.seq_len, query_blocks, causal)
 
     @staticmethod
     def causal(seq_len: int, block_m: int = 128, block_n: int = 64, device=None) -> "BlockTable":
@@ -86,7 +89,7 @@ class BlockTable:
 
     def to(self, device) -> "BlockTable":
         return BlockTable(*(getattr(self, k).to(device) for k in ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")),
-                          self.block_m, self.block_n, self.seq_len, self.query_blocks)
+                          self.block_m, self.block_n, self.seq_len, self.query_blocks, self.n_causal_blocks)
 
     def token_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 [L] query block of each row, int64 [L] KV block of each key."""
@@ -119,5 +122,8 @@ class BlockTable:
                 | (self.kv_start[None, :] + self.block_n - 1 > self.q_start[:, None]))
 
     def causal_block_count(self) -> int:
-        """(query block, KV block) pairs holding at least one causal pair, per head."""
+        """(query block, KV block) pairs holding at least one causal pair, per head (no device read: a CUDA graph
+        capture may call it)."""
+        if self.n_causal_blocks >= 0:
+            return self.n_causal_blocks
         return int((self.last_causal_kv_block() + 1).sum())

@@ -26,7 +26,8 @@ def bench_kernels(
     """Sparse attention kernel vs cuDNN SDPA (dense causal) vs FlexAttention, and the decode kernel (GPU)."""
     from ..lab.bench import attention_kernels as kb
 
-    rows = kb.run_kernel_bench(quick=quick)
+    rows = kb.run_kernel_bench(quick=quick, log=(lambda *a, **k: None) if as_json
+                               else (lambda m: err.print(escape(str(m)))))
     if as_json:
         print_json(rows)
     elif markdown:

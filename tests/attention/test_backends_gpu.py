@@ -125,8 +125,8 @@ def test_smollm2_cuda_prefill_equals_reference(tmp_path, smol_gpu):
     cuda = sparse_prefill(smol_gpu, prompt, CudaBackend(), x, PrefillOptions(), "cuda")
     ref = sparse_prefill(smol_gpu, prompt, ReferenceBackend(), x, PrefillOptions(), "torch")
     assert cuda.plan.block_lists[0].density() < 1.0
-    diff = (cuda.logits - ref.logits).abs().max()
-    assert float(diff) < 0.5, diff  # bf16 model: the two round differently, within bf16 logit noise
+    diff, scale = float((cuda.logits - ref.logits).abs().max()), float(ref.logits.abs().max())
+    assert diff < 0.02 * scale, (diff, scale)  # bf16 model: the two round differently, within bf16 noise
     assert int(cuda.logits.argmax()) == int(ref.logits.argmax())
 
 
@@ -139,8 +139,12 @@ def test_smollm2_every_bit_set_equals_dense(tmp_path, smol_gpu):
     dense = dense_prefill(smol_gpu, x).logits
     run = sparse_prefill(smol_gpu, prompt, CudaBackend(), x, PrefillOptions(), "cuda")
     assert all(b.density() == 1.0 for b in run.plan.block_lists)
-    assert float((dense - run.logits).abs().max()) < 0.5  # bf16 rounding: the kernel and cuDNN round differently
-    assert int(dense.argmax()) == int(run.logits.argmax())
+    diff = float((dense - run.logits).abs().max())
+    scale = float(dense.abs().max())
+    assert diff < 0.02 * scale, (diff, scale)  # bf16 rounding: the kernel and cuDNN round differently
+    top2 = dense.topk(2).values
+    if float(top2[0] - top2[1]) > 2 * diff:  # the first token is decided beyond rounding: both must pick it
+        assert int(dense.argmax()) == int(run.logits.argmax())
 
 
 @pytest.mark.slow
