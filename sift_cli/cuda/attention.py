@@ -29,6 +29,7 @@ HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
 SPLIT_MAX = 8  # a long row is cut into at most this many parts (split-KV) ...
 SPLIT_MIN_BLOCKS = 16  # ... of at least this many blocks each
+MAX_SMEM = 227 * 1024  # dynamic shared memory a Hopper CTA can have
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,18 @@ def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extr
                ("PAIR", int(cfg.pair)))
     defines += tuple(sorted((extra or {}).items()))
     smem = attention_smem_bytes(cfg, list_cap)
-    if smem > 227 * 1024:
+    if smem > MAX_SMEM:
         raise SiftError(f"the prompt's {list_cap} KV blocks need {smem} bytes of shared memory, more than the GPU "
                         "has; use KV blocks of 128 (--block-n 128) for prompts this long")
-    mod = compiled_module("sparse_attn_fwd.cu", defines, device_index)
-    return function_ptr(mod, "sift_sparse_attn_fwd", smem), smem
+    key = (defines, device_index)
+    func = _FUNCTIONS.get(key)
+    if func is None:  # compiled once per process; its shared-memory limit raised once, to what the GPU allows
+        mod = compiled_module("sparse_attn_fwd.cu", defines, device_index)
+        func = _FUNCTIONS[key] = function_ptr(mod, "sift_sparse_attn_fwd", MAX_SMEM)
+    return func, smem
+
+
+_FUNCTIONS: dict = {}
 
 
 def work_order(offsets: torch.Tensor, per_step: int, sms: int, split_max: int = SPLIT_MAX,
