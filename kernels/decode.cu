@@ -6,8 +6,9 @@
 // n_docs for the suffix. Block (m, kb) is listed iff some allowed (query, key) pair with key <= query lies in it,
 // where a query row
 //   in the prefix or the suffix  sees every key (causal, dense);
-//   in doc d (local row i)       sees every prefix key, the keys of earlier docs whose CA page is set, and the
-//                                keys j of doc d whose LA tile (i / T, j / T) is set.
+//   in doc d (local row i)       sees every prefix key, the keys of earlier docs whose CA page is set (every
+//                                key of a dense one), and the keys j of doc d whose LA tile (i / T, j / T) is set;
+//   in a dense doc               (doc_dense[d] = 1: no bits) sees every key, like the suffix.
 // This is evaluated exactly on intervals, the same rule as sift_cli's PyTorch builder (which the output must
 // equal), in three launches that cover every layer of the prompt at once (grid z = layer):
 //   sift_decode_count  counts the listed KV blocks of each row -> counts[layer][h * M + m];
@@ -32,6 +33,7 @@ struct DecodeArgs {
   const int* la_len;         // [n_docs] bytes of one (layer, head) LA vector of doc d
   const long long* ca_base;  // [n_docs]
   const int* ca_len;         // [n_docs]
+  const int* doc_dense;      // [n_docs] 1: no bits, dense in both directions
   const int* q_start;        // [M]
   const int* q_len;          // [M]
   const int* kv_start;       // [N]
@@ -42,7 +44,7 @@ struct DecodeArgs {
 
 struct RowCtx {
   int q0, q1;           // the query block's first and last row
-  int dense_last;       // last prefix/suffix row in the block (-1: none)
+  int dense_last;       // last prefix/suffix/dense-doc row in the block (-1: none)
   int has_doc_rows;     // the block holds at least one document row
   int d_first, d_last;  // documents with rows in the block
   int kb_max;           // last KV block whose first key is <= q1
@@ -92,12 +94,14 @@ __device__ __forceinline__ RowCtx make_ctx(const DecodeArgs& a, int m, int layer
   int dl = -1;
   if (a.prefix_len > 0 && c.q0 < a.prefix_len) dl = min(c.q1, a.prefix_len - 1);
   if (c.q1 >= a.docs_end) dl = c.q1;  // suffix rows (the suffix is the tail of the prompt)
-  c.dense_last = dl;
+  c.dense_last = dl;  // raised below by the rows of dense documents
   c.has_doc_rows = (a.n_docs > 0) && (c.q1 >= a.prefix_len) && (c.q0 < a.docs_end);
   c.d_first = c.d_last = -1;
   if (c.has_doc_rows) {
     c.d_first = doc_at(a, max(c.q0, a.prefix_len));
     c.d_last = doc_at(a, min(c.q1, a.docs_end - 1));
+    for (int d = c.d_first; d <= c.d_last; ++d)
+      if (a.doc_dense[d]) c.dense_last = max(c.dense_last, min(c.q1, a.doc_start[d] + a.doc_len[d] - 1));
   }
   c.kb_max = kv_block_at(a, c.q1);
   return c;
@@ -117,6 +121,7 @@ __device__ bool listed(const DecodeArgs& a, const RowCtx& c, int kb) {
   const int d = a.kv_doc[kb];
   if (d < 0) return true;                   // doc rows see the whole prefix
   if (d >= a.n_docs || d > c.d_last) return false;  // suffix keys, or keys of docs no row here sees
+  if (a.doc_dense[d]) return d < c.d_last;  // later docs see all of it; its own rows are dense (dense_last)
   const int T = a.tile;
   const long long vec = (long long)c.layer * a.n_heads + c.h;  // which (layer, head) vector inside a doc blob
   const int s = a.doc_start[d];
@@ -149,13 +154,15 @@ __device__ bool listed(const DecodeArgs& a, const RowCtx& c, int kb) {
 #define DECODE_PARAMS                                                                                      \
   const unsigned char *la, const unsigned char *ca, const int *doc_start, const int *doc_len,              \
       const long long *la_base, const int *la_len, const long long *ca_base, const int *ca_len,            \
+      const int *doc_dense,                                                                                \
       const int *q_start, const int *q_len, const int *kv_start, const int *kv_len, const int *kv_doc,     \
       int n_docs, int prefix_len, int docs_end, int seq_len, int tile, int n_heads, int block_n,           \
       int n_qblocks, int n_kvblocks
 #define DECODE_ARGS                                                                                        \
   DecodeArgs a;                                                                                            \
   a.la = la; a.ca = ca; a.doc_start = doc_start; a.doc_len = doc_len; a.la_base = la_base;                 \
-  a.la_len = la_len; a.ca_base = ca_base; a.ca_len = ca_len; a.q_start = q_start; a.q_len = q_len;         \
+  a.la_len = la_len; a.ca_base = ca_base; a.ca_len = ca_len; a.doc_dense = doc_dense;                      \
+  a.q_start = q_start; a.q_len = q_len;                                                                    \
   a.kv_start = kv_start; a.kv_len = kv_len; a.kv_doc = kv_doc; a.n_docs = n_docs;                          \
   a.prefix_len = prefix_len; a.docs_end = docs_end; a.seq_len = seq_len; a.tile = tile;                    \
   a.n_heads = n_heads; a.block_n = block_n; a.n_qblocks = n_qblocks; a.n_kvblocks = n_kvblocks;

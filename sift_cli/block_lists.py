@@ -8,6 +8,9 @@ and the largest row of the intersection is >= its smallest column. Each row's li
 (the blocks that need a mask first, then the rest, each group descending). Runs on whatever device the bits are
 on; the CUDA decoder (cuda/decode.py) produces identical lists. Also here: the reports' measures, cell density and
 `cells_over_allowed` (SPEC §6: causal pairs computed over pairs the token rule allows).
+
+A dense document (no bits: not profiled yet) is dense in both directions: its rows see every earlier key, like
+the suffix's, and the rows of every later document see all of its keys.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ def _unpack_bits(data: torch.Tensor, nbits: int) -> torch.Tensor:
 
 
 def doc_la_tiles(bits: PromptBits, d: int, layer: int) -> torch.Tensor:
-    """bool [H, P, P] LA tiles of doc d at one layer (upper triangle False)."""
+    """bool [H, P, P] LA tiles of doc d at one layer (upper triangle False; every tile of a dense document)."""
     H = bits.n_heads
     p = n_pages(int(bits.doc_len[d]), bits.tile)
+    if int(bits.doc_dense[d]):
+        return torch.ones(p, p, dtype=torch.bool, device=bits.la.device).tril().expand(H, p, p).clone()
     lb = int(bits.la_len[d])
     start = int(bits.la_base[d]) + layer * H * lb
     flat = _unpack_bits(bits.la[start: start + H * lb].view(H, lb), n_tiles(p))
@@ -45,9 +50,11 @@ def doc_la_tiles(bits: PromptBits, d: int, layer: int) -> torch.Tensor:
 
 
 def doc_ca_pages(bits: PromptBits, d: int, layer: int) -> torch.Tensor:
-    """bool [H, P] CA pages of doc d at one layer."""
+    """bool [H, P] CA pages of doc d at one layer (every page of a dense document)."""
     H = bits.n_heads
     p = n_pages(int(bits.doc_len[d]), bits.tile)
+    if int(bits.doc_dense[d]):
+        return torch.ones(H, p, dtype=torch.bool, device=bits.la.device)
     cb = int(bits.ca_len[d])
     start = int(bits.ca_base[d]) + layer * H * cb
     return _unpack_bits(bits.ca[start: start + H * cb].view(H, cb), p)
@@ -80,11 +87,16 @@ def block_mask_for_layer(bits: PromptBits, layer: int, table: BlockTable) -> tor
     k_doc = table.kv_doc.long()
     mask = torch.zeros(H, M, N, dtype=torch.bool, device=device)
 
-    # Dense rows (prefix and suffix): keys up to the block's last dense row.
+    # Dense rows (prefix, suffix, dense documents): keys up to the block's last dense row.
     dense_last = torch.full((M,), -1, dtype=torch.int64, device=device)
     if lay.prefix_len:
         in_prefix = q_first < lay.prefix_len
         dense_last = torch.where(in_prefix, torch.clamp(q_last, max=lay.prefix_len - 1), dense_last)
+    for d in bits.dense_docs():
+        span = lay.docs[d]
+        holds = (q_first < span.end) & (q_last >= span.start)
+        dense_last = torch.where(holds, torch.maximum(dense_last, torch.clamp(q_last, max=span.end - 1)),
+                                 dense_last)
     if lay.suffix_len:
         dense_last = torch.where(q_last >= lay.docs_end, q_last, dense_last)
     mask |= (k_first[None, :] <= dense_last[:, None])[None]
@@ -107,8 +119,11 @@ def block_mask_for_layer(bits: PromptBits, layer: int, table: BlockTable) -> tor
     reach = (k_doc[None, :] >= 0) & (k_doc[None, :] < last_doc[:, None])  # [M, N]
     mask |= (ca_block > 0)[:, None, :] & reach[None]
 
-    # LA: selected tiles inside each doc, exact on the diagonal band.
+    # LA: selected tiles inside each doc, exact on the diagonal band (a dense doc's rows are dense rows).
+    dense_docs = set(bits.dense_docs())
     for d, span in enumerate(lay.docs):
+        if d in dense_docs:
+            continue
         tiles = doc_la_tiles(bits, d, layer)  # [H, P, P]
         r_tile, r_block, _, r_last = _pieces(span.start, span.n_tokens, T, table.q_start)
         c_tile, c_block, c_first, _ = _pieces(span.start, span.n_tokens, T, table.kv_start)
@@ -164,6 +179,24 @@ def cell_density(blocks: BlockLists) -> float:
     return computed_cells(blocks) / max(1.0, blocks.n_heads * L * (L + 1) / 2)
 
 
+def cells_of_documents(blocks: BlockLists, bits: PromptBits, docs: list[int]) -> int:
+    """Computed causal cells, over all heads, in the blocks whose keys lie in one of the documents `docs` or whose
+    query rows meet one of them (what dense documents cost; exact with segment-aligned query blocks)."""
+    table = blocks.table
+    if not docs:
+        return 0
+    lay = bits.layout
+    device = blocks.offsets.device
+    q_first = table.q_start.long().to(device)
+    q_last = q_first + table.q_len.long().to(device) - 1
+    rows = torch.zeros_like(q_first, dtype=torch.bool)
+    for d in docs:
+        rows |= (q_first < lay.docs[d].end) & (q_last >= lay.docs[d].start)
+    keys = torch.isin(table.kv_doc.long().to(device), torch.tensor(docs, dtype=torch.int64, device=device))
+    cells = table.causal_cells().to(device) * (rows[:, None] | keys[None, :])
+    return int((blocks.dense_mask().to(torch.int64) * cells[None]).sum())
+
+
 def mean_densities(block_lists: list[BlockLists]) -> tuple[float, float]:
     """(cell density averaged over layers, computed over causal blocks of all layers) of a prompt's block lists."""
     cells = sum(cell_density(b) for b in block_lists) / len(block_lists)
@@ -172,8 +205,10 @@ def mean_densities(block_lists: list[BlockLists]) -> tuple[float, float]:
 
 
 def allowed_cells(bits: PromptBits, layer: int) -> int:
-    """(query, key) pairs the token rule of SPEC §6 allows at one layer, over all heads, counted from the bits."""
+    """(query, key) pairs the token rule of SPEC §6 allows at one layer, over all heads, counted from the bits;
+    a dense document's rows are allowed every earlier key."""
     lay = bits.layout
+    dense_docs = set(bits.dense_docs())
     H, T, P = bits.n_heads, bits.tile, lay.prefix_len
     total = H * P * (P + 1) // 2
     suffix_rows = torch.arange(lay.docs_end, lay.seq_len, dtype=torch.int64)
@@ -186,8 +221,11 @@ def allowed_cells(bits: PromptBits, layer: int) -> int:
         size[-1] = n - T * (pages - 1)
         cells = size[:, None] * size[None, :]
         cells.diagonal().copy_(size * (size + 1) // 2)
-        total += int((doc_la_tiles(bits, d, layer).to(torch.int64) * torch.tril(cells)[None]).sum())
-        total += H * n * P + n * int(ca_tokens.sum())
+        if d in dense_docs:
+            total += H * (span.start * n + n * (n + 1) // 2)
+        else:
+            total += int((doc_la_tiles(bits, d, layer).to(torch.int64) * torch.tril(cells)[None]).sum())
+            total += H * n * P + n * int(ca_tokens.sum())
         ca_tokens += (doc_ca_pages(bits, d, layer).to(torch.int64) * size[None, :]).sum(-1)
     return total
 

@@ -2,12 +2,14 @@
 
 `PromptLayout` is plain offsets; `PromptBits` packs every document's LA and CA vectors (all layers and heads)
 into two flat uint8 tensors with per-document byte offsets, the form both decoders (PyTorch and CUDA) read.
+A document without bits (not profiled yet) is *dense*: no bytes, `doc_dense[d] = 1`; its rows see every earlier
+key and every later document sees all of its keys.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import torch
@@ -54,7 +56,8 @@ class PromptBits:
     """All documents' bit vectors for one prompt, packed for the decoders.
 
     la[la_base[d] + (layer * H + h) * la_len[d] : ... + la_len[d]] is the LA vector of doc d, layer, head h;
-    likewise ca with ca_base / ca_len. doc_start / doc_len are global token offsets; tile is T.
+    likewise ca with ca_base / ca_len. doc_start / doc_len are global token offsets; tile is T. A dense document
+    (doc_dense[d] = 1) has la_len[d] = ca_len[d] = 0.
     """
 
     tile: int
@@ -68,18 +71,29 @@ class PromptBits:
     la_len: torch.Tensor  # int32 [D]
     ca_base: torch.Tensor  # int64 [D]
     ca_len: torch.Tensor  # int32 [D]
+    doc_dense: torch.Tensor  # int32 [D]: 1 where the document has no bits
     layout: PromptLayout = field(repr=False)
 
     @staticmethod
-    def pack(layout: PromptLayout, la_blobs: list[bytes], ca_blobs: list[bytes], tile: int, n_layers: int,
-             n_heads: int) -> "PromptBits":
-        la_base, ca_base, la_len, ca_len = [], [], [], []
+    def pack(layout: PromptLayout, la_blobs: list[bytes | None], ca_blobs: list[bytes | None], tile: int,
+             n_layers: int, n_heads: int) -> "PromptBits":
+        """None for a document's blobs (both) makes it dense."""
+        la_base, ca_base, la_len, ca_len, dense = [], [], [], [], []
         la_pos = ca_pos = 0
-        for span, la, ca in zip(layout.docs, la_blobs, ca_blobs):
-            p = n_pages(span.n_tokens, tile)
-            lb, cb = la_nbytes(p), ca_nbytes(p)
-            if len(la) != lb * n_layers * n_heads or len(ca) != cb * n_layers * n_heads:
-                raise ValueError(f"bit vectors of {span.doc_id!r} do not match {span.n_tokens} tokens at T={tile}")
+        la_blobs, ca_blobs = list(la_blobs), list(ca_blobs)
+        for i, (span, la, ca) in enumerate(zip(layout.docs, la_blobs, ca_blobs)):
+            dense.append(int(la is None))
+            if la is None or ca is None:
+                if la is not None or ca is not None:
+                    raise ValueError(f"{span.doc_id!r}: give both bit vectors or neither")
+                la_blobs[i] = ca_blobs[i] = la = ca = b""
+                lb = cb = 0
+            else:
+                p = n_pages(span.n_tokens, tile)
+                lb, cb = la_nbytes(p), ca_nbytes(p)
+                if len(la) != lb * n_layers * n_heads or len(ca) != cb * n_layers * n_heads:
+                    raise ValueError(f"bit vectors of {span.doc_id!r} do not match {span.n_tokens} tokens "
+                                     f"at T={tile}")
             la_base.append(la_pos)
             ca_base.append(ca_pos)
             la_len.append(lb)
@@ -96,20 +110,26 @@ class PromptBits:
         return PromptBits(
             tile=tile, n_layers=n_layers, n_heads=n_heads, la=u8(la_blobs), ca=u8(ca_blobs),
             doc_start=i32([d.start for d in layout.docs]), doc_len=i32([d.n_tokens for d in layout.docs]),
-            la_base=i64(la_base), la_len=i32(la_len), ca_base=i64(ca_base), ca_len=i32(ca_len), layout=layout,
+            la_base=i64(la_base), la_len=i32(la_len), ca_base=i64(ca_base), ca_len=i32(ca_len),
+            doc_dense=i32(dense), layout=layout,
         )
 
     def to(self, device) -> "PromptBits":
         moved = {k: getattr(self, k).to(device) for k in
-                 ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len")}
+                 ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len", "doc_dense")}
         return PromptBits(tile=self.tile, n_layers=self.n_layers, n_heads=self.n_heads, layout=self.layout, **moved)
+
+    def dense_docs(self) -> list[int]:
+        """Indices of the documents without bits."""
+        return [d for d, flag in enumerate(self.doc_dense.tolist()) if flag]
 
     def nbytes(self) -> int:
         return int(self.la.numel() + self.ca.numel())
 
 
 def random_prompt_bits(layout: PromptLayout, tile: int, n_layers: int, n_heads: int,
-                       la_p: float | Callable[[int], float], ca_p: float, rng) -> tuple[PromptBits, list]:
+                       la_p: float | Callable[[int], float], ca_p: float, rng, dense: Collection[int] = ()
+                       ) -> tuple[PromptBits, list]:
     """Bits drawn at random for every document of `layout` (benchmarks and tests): each LA tile below the diagonal
     is set with probability la_p (the diagonal always), each CA page with probability ca_p. la_p may depend on
     the document's page count: a function of it.
@@ -118,7 +138,12 @@ def random_prompt_bits(layout: PromptLayout, tile: int, n_layers: int, n_heads: 
     rng: a numpy Generator.
     """
     la_blobs, ca_blobs, drawn = [], [], []
-    for span in layout.docs:
+    for d, span in enumerate(layout.docs):
+        if d in dense:
+            la_blobs.append(None)
+            ca_blobs.append(None)
+            drawn.append(None)
+            continue
         p = n_pages(span.n_tokens, tile)
         la = np.tril(rng.random((n_layers, n_heads, p, p)) < (la_p(p) if callable(la_p) else la_p))
         la[:, :, np.arange(p), np.arange(p)] = True

@@ -22,14 +22,15 @@ from .attention.backends import get_backend
 from .attention.base import BlockLists
 from .attention.cuda import CudaBackend
 from .attention.integration import SparsePlan, prepare_plan, sparse_attention
-from .block_lists import cell_density, cells_over_allowed, decode_layer
+from .block_lists import cell_density, cells_of_documents, cells_over_allowed, computed_cells, decode_layer
 from .block_table import QUERY_BLOCKS, BlockTable
 from .cuda.decode import CudaDecoder
 from .errors import SiftError
+from .corpus import Document
 from .layout import PromptBits
+from .missing import check_destination, profile_dense_documents, shard_sets
 from .models import LoadedModel, load_model
 from .prompt import Prompt, assemble
-from .shards.reader import ShardSet
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,12 @@ def density_report(block_lists: list[BlockLists], bits: PromptBits | None = None
     report = {"blocks": computed / causal, "cells": sum(r["cells"] for r in per_layer) / len(per_layer),
               "computed_blocks": computed, "causal_blocks": causal, "per_layer": per_layer}
     if bits is not None:
-        report["cells_over_allowed"] = cells_over_allowed(bits.to(block_lists[0].offsets.device), block_lists)
+        bits = bits.to(block_lists[0].offsets.device)
+        report["cells_over_allowed"] = cells_over_allowed(bits, block_lists)
+        dense = bits.dense_docs()
+        if dense:  # what the documents without bits cost: their share of the computed cells
+            report["dense_docs_cells_share"] = (sum(cells_of_documents(b, bits, dense) for b in block_lists)
+                                                / max(1, sum(computed_cells(b) for b in block_lists)))
     return report
 
 
@@ -327,6 +333,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
         "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
         "backend": backend.name, "decoder": decoder, "block_m": opts.block_m, "block_n": opts.block_n,
         "query_blocks": opts.query_blocks, "tile_size": prompt.bits.tile, "doc_ids": prompt.doc_ids,
+        "dense_docs": [{"doc_id": d.doc_id, "reason": d.reason, "tokens": d.n_tokens} for d in prompt.dense],
         "prompt_tokens": prompt.segment_tokens(), "cuda_graphs": bool(graphs),
         "density": density_report(block_lists, prompt.bits),
         "dense": dense_t, "sift": sift_t,
@@ -377,12 +384,20 @@ def check_options(opts: PrefillOptions) -> None:
         raise SiftError(f"--query-blocks must be one of {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
 
 
-def prefill_from_shards(shards_dir: str | Path, doc_ids: list[str], query: str, model: str | None = None,
+def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], query: str, model: str | None = None,
                         device: str | None = "auto", dtype: str | None = "auto", opts: PrefillOptions = PrefillOptions(),
-                        trust_remote_code: bool = False, online: bool = False, progress=None) -> dict:
-    """`sift prefill`: the prompt of `doc_ids` and `query` from a shard set, dense and SIFT side by side."""
+                        trust_remote_code: bool = False, online: bool = False, progress=None,
+                        profile_missing: str | Path | None = None) -> dict:
+    """`sift prefill`: the prompt of `docs` (ids, or texts: `corpus.Document`) and `query` from a shard set, dense
+    and SIFT side by side. Documents without bits are dense; with `profile_missing`, the prompt also reads that
+    set, and afterwards the documents no set holds are profiled into it for the next prompt."""
     check_options(opts)
-    shards = ShardSet(shards_dir)
+    sets = shard_sets(shards_dir, profile_missing)
     lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
-    prompt = assemble(shards, lm, doc_ids, query)
-    return run_prefill(lm, prompt, opts, progress=progress)
+    if profile_missing is not None:
+        check_destination(profile_missing, sets[0], lm)
+    prompt = assemble(sets, lm, docs, query)
+    report = run_prefill(lm, prompt, opts, progress=progress)
+    if profile_missing is not None:
+        report["profiled_missing"] = profile_dense_documents(prompt, lm, profile_missing, sets[0]).to_json()
+    return report

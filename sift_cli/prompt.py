@@ -1,16 +1,33 @@
-"""Assemble an online prompt from profiled documents (SPEC §2): prefix ‖ doc_1 ‖ … ‖ doc_n ‖ suffix, by
-concatenating stored token ids, after checking that the model and tokenizer are the ones the shards were made
-with."""
+"""Assemble an online prompt (SPEC §2): prefix ‖ doc_1 ‖ … ‖ doc_n ‖ suffix, by concatenating stored token ids,
+after checking that the model and tokenizer are the ones the shards were made with.
+
+A document may also come as text (`corpus.Document`): it is tokenised, and its stored bits are used when a shard
+set holds its id with the same tokens; otherwise it is a *dense* document (no bits: computed densely in both
+directions, layout.py) and the prompt says why."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .corpus import Document
 from .errors import SiftError
 from .layout import PromptBits, PromptLayout
-from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenizer_info
+from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenize_documents, tokenizer_info
+from .shards.format import token_sha256
 from .shards.reader import ShardSet
+
+NOT_PROFILED = "not profiled"
+TEXT_DIFFERS = "its text differs from the profiled one"
+
+
+@dataclass(frozen=True)
+class DenseDocument:
+    """A document of the prompt without bits, why, and its text when given (what on-the-fly profiling reads)."""
+    doc_id: str
+    reason: str  # NOT_PROFILED or TEXT_DIFFERS
+    n_tokens: int
+    document: Document | None = None
 
 
 @dataclass
@@ -20,6 +37,7 @@ class Prompt:
     bits: PromptBits
     doc_ids: list[str]
     query: str
+    dense: list[DenseDocument] = field(default_factory=list)
 
     def segment_tokens(self) -> dict:
         return {"prefix": self.layout.prefix_len, "docs": [d.n_tokens for d in self.layout.docs],
@@ -68,11 +86,12 @@ def read_query(path: str | Path) -> str:
 
 
 def build_prompt(lm: LoadedModel, prefix_ids: list[int], doc_ids: list[str], doc_tokens: list[list[int]],
-                 la_blobs: list[bytes], ca_blobs: list[bytes], tile: int, query: str,
+                 la_blobs: list[bytes | None], ca_blobs: list[bytes | None], tile: int, query: str,
                  instruction: str = DEFAULT_INSTRUCTION, allow_long: bool = False,
                  suffix_ids: list[int] | None = None, too_long_hint: str = "") -> Prompt:
     """prefix ‖ docs ‖ suffix from token ids and packed bits (SPEC §2), without re-tokenising; the suffix is the
-    query in the chat template unless `suffix_ids` is given. allow_long: past the model's context (evaluations)."""
+    query in the chat template unless `suffix_ids` is given; None blobs make a document dense. allow_long: past
+    the model's context (evaluations)."""
     suffix = list(suffix_ids) if suffix_ids is not None else suffix_token_ids(lm.tokenizer, query, instruction)
     ids = list(prefix_ids)
     for t in doc_tokens:
@@ -97,11 +116,58 @@ def prompt_from_shards(shards: ShardSet, lm: LoadedModel, doc_ids: list[str], qu
                         allow_long, too_long_hint=too_long_hint)
 
 
-def assemble(shards: ShardSet, lm: LoadedModel, doc_ids: list[str], query: str,
+def assemble(shards: ShardSet | list[ShardSet], lm: LoadedModel, docs: list[str | Document], query: str,
              instruction: str = DEFAULT_INSTRUCTION) -> Prompt:
-    """The online prompt (`sift prefill`): checked documents and query, within the model's context."""
-    if not doc_ids:
+    """The online prompt (`sift prefill`): checked documents and query, within the model's context.
+
+    docs: ids (looked up in the shard sets, first holder wins) or texts (`Document`: stored bits when a set holds
+    the id with the same tokens, else dense)."""
+    sets = [shards] if isinstance(shards, ShardSet) else list(shards)
+    if not docs:
         raise SiftError("no documents given")
     if not query.strip():
         raise SiftError("the query is empty")
-    return prompt_from_shards(shards, lm, doc_ids, query, instruction, too_long_hint="; retrieve fewer documents")
+    if not sets:
+        raise SiftError("no shard set given")
+    first = _check_sets(sets, lm)
+    ids = [d.doc_id if isinstance(d, Document) else d for d in docs]
+    found: dict = {}
+    for s in sets:
+        found.update(s.records([i for i in ids if i not in found]))
+    texts = [d for d in docs if isinstance(d, Document)]
+    text_tokens = dict(zip([d.doc_id for d in texts], tokenize_documents(lm.tokenizer, texts))) if texts else {}
+    tokens, la, ca, dense = [], [], [], []
+    for d, doc_id in zip(docs, ids):
+        rec = found.get(doc_id)
+        if isinstance(d, Document):
+            t = text_tokens[doc_id]
+            same = rec is not None and token_sha256(rec.tokens) == token_sha256(t)
+            if not same:
+                dense.append(DenseDocument(doc_id, NOT_PROFILED if rec is None else TEXT_DIFFERS, len(t), d))
+        else:
+            if rec is None:
+                where = (f"the shard set {sets[0].dir}" if len(sets) == 1
+                         else f"any of the shard sets {', '.join(str(x.dir) for x in sets)}")
+                raise SiftError(f"doc_id {doc_id!r} is not in {where} and no text was given for it; give the "
+                                f"document as a file or a JSONL record, or profile it first")
+            t, same = rec.tokens, True
+        tokens.append(t)
+        la.append(rec.la_bits if same else None)
+        ca.append(rec.ca_bits if same else None)
+    prompt = build_prompt(lm, first.prefix_token_ids, ids, tokens, la, ca, first.tile, query, instruction,
+                          too_long_hint="; retrieve fewer documents")
+    prompt.dense = dense
+    return prompt
+
+
+def _check_sets(sets: list[ShardSet], lm: LoadedModel) -> ShardSet:
+    """Every set made with this model and the first set's tile, thresholds and prefix; returns the first."""
+    for s in sets:
+        check_model_matches(s, lm)
+    first = sets[0]
+    for s in sets[1:]:
+        for key in ("sift.tile_size", "sift.alpha", "sift.beta", "sift.gamma", "sift.prefix_token_ids"):
+            if s.meta.get(key) != first.meta.get(key):
+                raise SiftError(f"{s.dir} was profiled with another {key.removeprefix('sift.')} than {first.dir}; "
+                                f"prompts read one kind of bits")
+    return first

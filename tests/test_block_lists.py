@@ -9,7 +9,8 @@ from sift_cli.attention.base import BlockLists
 from sift_cli.block_lists import (allowed_cells, block_mask_for_layer, cell_density, cells_over_allowed,
                                   computed_cells, decode_layer, dense_block_lists)
 from sift_cli.block_table import BlockTable
-from sift_cli.layout import PromptLayout, random_prompt_bits
+from sift_cli.bits import pack_doc
+from sift_cli.layout import PromptBits, PromptLayout, random_prompt_bits
 
 # lengths at and around block boundaries, empty prefix/suffix, one-token documents, a suffix shorter than a block
 AWKWARD = [(16, [300, 65, 1, 127, 900], 20), (0, [64, 63, 129], 0), (1, [1], 1), (63, [1000, 129, 64, 65], 127),
@@ -17,13 +18,14 @@ AWKWARD = [(16, [300, 65, 1, 127, 900], 20), (0, [64, 63, 129], 0), (1, [1], 1),
 
 
 def random_prompt(rng, tile, n_layers=2, n_heads=3, doc_lengths=None, prefix_len=None, suffix_len=None,
-                  la_p=0.3, ca_p=0.3):
+                  la_p=0.3, ca_p=0.3, dense_p=0.0):
     if doc_lengths is None:
         doc_lengths = [int(x) for x in rng.integers(1, 5 * tile, size=int(rng.integers(1, 5)))]
     prefix_len = int(rng.integers(0, 70)) if prefix_len is None else prefix_len
     suffix_len = int(rng.integers(0, 90)) if suffix_len is None else suffix_len
     layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
-    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng)
+    dense = {d for d in range(len(doc_lengths)) if rng.random() < dense_p}
+    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng, dense)
 
 
 def brute_force_token_mask(layout: PromptLayout, truth, tile, layer, n_heads):
@@ -32,11 +34,17 @@ def brute_force_token_mask(layout: PromptLayout, truth, tile, layer, n_heads):
     allowed[:, : layout.prefix_len, :] = True  # prefix rows: everything (causality applied below)
     allowed[:, layout.docs_end:, :] = True  # suffix rows
     for d, span in enumerate(layout.docs):
-        la = truth[d][0]
         rows = slice(span.start, span.end)
+        if truth[d] is None:  # a dense document: its rows see everything earlier
+            allowed[:, rows, :] = True
+            continue
+        la = truth[d][0]
         allowed[:, rows, : layout.prefix_len] = True
         for e in range(d):
             prev = layout.docs[e]
+            if truth[e] is None:  # later documents see all of a dense one
+                allowed[:, rows, prev.start: prev.end] = True
+                continue
             pages = truth[e][1][layer]  # CA pages of the earlier doc [H, P]
             cols = np.repeat(pages, tile, axis=1)[:, : prev.n_tokens]  # [H, n_prev]
             allowed[:, rows, prev.start: prev.end] |= cols[:, None, :]
@@ -59,10 +67,12 @@ def blocks_from_tokens(token_mask, table: BlockTable):
 @pytest.mark.parametrize("tile", [16, 64, 128, 256])
 @pytest.mark.parametrize("blocks", [(128, 64), (128, 128), (64, 64)])
 @pytest.mark.parametrize("query_blocks", ["segment", "grid"])
-def test_decode_matches_brute_force(tile, blocks, query_blocks):
+@pytest.mark.parametrize("dense_p", [0.0, 0.4])
+def test_decode_matches_brute_force(tile, blocks, query_blocks, dense_p):
+    """dense_p: the chance that a document has no bits (dense in both directions)."""
     rng = np.random.default_rng(tile * 1000 + blocks[0] + blocks[1])
     for trial in range(4):
-        pb, truth = random_prompt(rng, tile)
+        pb, truth = random_prompt(rng, tile, dense_p=dense_p)
         table = BlockTable.for_layout(pb.layout, *blocks, query_blocks)
         for layer in range(pb.n_layers):
             token_mask = brute_force_token_mask(pb.layout, truth, tile, layer, pb.n_heads)
@@ -76,9 +86,11 @@ def test_decode_matches_brute_force(tile, blocks, query_blocks):
 
 @pytest.mark.parametrize("prefix,docs,suffix", AWKWARD)
 @pytest.mark.parametrize("query_blocks", ["segment", "grid"])
-def test_awkward_segments(prefix, docs, suffix, query_blocks):
+@pytest.mark.parametrize("dense_p", [0.0, 0.5])
+def test_awkward_segments(prefix, docs, suffix, query_blocks, dense_p):
     rng = np.random.default_rng(len(docs) + prefix)
-    pb, truth = random_prompt(rng, 64, doc_lengths=docs, prefix_len=prefix, suffix_len=suffix, la_p=0.3, ca_p=0.3)
+    pb, truth = random_prompt(rng, 64, doc_lengths=docs, prefix_len=prefix, suffix_len=suffix, la_p=0.3, ca_p=0.3,
+                              dense_p=dense_p)
     table = BlockTable.for_layout(pb.layout, 128, 64, query_blocks)
     rows, keys = (t.numpy() for t in table.token_blocks())
     causal = np.tril(np.ones((table.seq_len,) * 2, bool))
@@ -153,3 +165,23 @@ def test_causal_cells(L):
     ref = blocks_from_tokens(np.tril(np.ones((1, L, L), dtype=bool)), table)
     assert ((cells.numpy() > 0) == ref[0]).all()
     assert table.causal_block_count() == int(ref.sum())
+
+
+def test_a_dense_document_lies_between_profiled_and_dense():
+    """The same bits with one document's dropped: density above the all-profiled prompt's, below 1; with every
+    document's dropped: dense."""
+    layout = PromptLayout.build(16, [f"d{i}" for i in range(6)], [300, 500, 129, 700, 64, 400], 40)
+    table = BlockTable.for_layout(layout, 128, 64)
+    _, drawn = random_prompt_bits(layout, 64, 2, 3, 0.2, 0.2, np.random.default_rng(1))
+    blobs = [pack_doc(la, ca) for la, ca in drawn]
+
+    def density(dense):
+        la = [None if d in dense else b[0] for d, b in enumerate(blobs)]
+        ca = [None if d in dense else b[1] for d, b in enumerate(blobs)]
+        pb = PromptBits.pack(layout, la, ca, 64, 2, 3)
+        assert pb.dense_docs() == sorted(dense)
+        return cell_density(decode_layer(pb, 1, table))
+
+    profiled, one, every = density(set()), density({3}), density(set(range(6)))
+    assert profiled < one < 1.0
+    assert every == pytest.approx(1.0)

@@ -52,15 +52,17 @@ def document_layout(rng, total: int, lo: int, hi: int, prefix_len: int = 16, suf
 
 
 def random_case_bits(rng, tile: int, n_layers: int = 2, n_heads: int = 3, doc_lengths=None, prefix_len=None,
-                     suffix_len=None, la_p=0.3, ca_p=0.3) -> PromptBits:
+                     suffix_len=None, la_p=0.3, ca_p=0.3, dense_p=0.2) -> PromptBits:
     """Random bits on a prompt of random segments (those not given): up to 5 documents of up to 6 tiles, a prefix
-    of up to 139 tokens and a suffix of up to 199. rng: a numpy Generator."""
+    of up to 139 tokens and a suffix of up to 199; each document is dense (no bits) with probability dense_p.
+    rng: a numpy Generator."""
     if doc_lengths is None:
         doc_lengths = [int(x) for x in rng.integers(1, 6 * tile, size=int(rng.integers(1, 6)))]
     prefix_len = int(rng.integers(0, 140)) if prefix_len is None else prefix_len
     suffix_len = int(rng.integers(0, 200)) if suffix_len is None else suffix_len
     layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
-    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng)[0]
+    dense = {d for d in range(len(doc_lengths)) if rng.random() < dense_p}
+    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng, dense)[0]
 
 
 def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0, std: float = 1.0,

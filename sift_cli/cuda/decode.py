@@ -19,7 +19,8 @@ DEC_THREADS = 128
 DEC_HEADS = 8  # heads per CTA (decode.cu)
 SCAN_THREADS = 1024
 _BITS = (("la", torch.uint8), ("ca", torch.uint8), ("doc_start", torch.int32), ("doc_len", torch.int32),
-         ("la_base", torch.int64), ("la_len", torch.int32), ("ca_base", torch.int64), ("ca_len", torch.int32))
+         ("la_base", torch.int64), ("la_len", torch.int32), ("ca_base", torch.int64), ("ca_len", torch.int32),
+         ("doc_dense", torch.int32))
 
 
 def _functions(device_index: int) -> dict[str, int]:

@@ -71,6 +71,18 @@ class BucketClaims:
         finally:
             release()
 
+    @contextlib.contextmanager
+    def index_lock(self) -> Iterator[None]:
+        """The set's manifest lock, waited for: writers that add documents rewrite the manifest one at a time."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        release = self._acquire_flock(self.out / ".manifest.lock", True) if self.use_flock else None
+        if release is None:
+            release = self._acquire_exclusive(self.out / ".manifest.xlock", True)
+        try:
+            yield
+        finally:
+            release()
+
     # -- flock: released by the kernel when the process dies -----------------------------------------------
     def _acquire_flock(self, path: Path, wait: bool):
         while True:

@@ -187,7 +187,8 @@ def _profile_buckets(plans: list[tuple], out: Path, lm: LoadedModel, cfg: Profil
                         report.reused += done
                         done_tokens += sum(len(t) for _, t in keep)
                         continue
-                    rows, done_tokens = _profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens)
+                    rows, done_tokens = profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens)
+                    rows += _added_rows(out / part_name(s), {d.doc_id for d, _ in keep} | set(skipped))
                     shard_meta = {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped)}
                     # written on the writer thread; the claim is released there once the file is in place
                     writer.submit(lambda p=out / part_name(s), r=rows, m=shard_meta: write_shard(p, r, m), held)
@@ -199,7 +200,7 @@ def _profile_buckets(plans: list[tuple], out: Path, lm: LoadedModel, cfg: Profil
         writer.close()  # re-raises a failed write
 
 
-def _profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens) -> tuple[list[dict], int]:
+def profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens) -> tuple[list[dict], int]:
     """Profile one bucket's documents: its shard rows, and the tokens done so far. Batch i + 1 is launched
     before batch i is collected, so the host builds rows while the GPU works (see `launch_profile_batch`)."""
     rows = []
@@ -264,8 +265,21 @@ class _ShardWriter:
             self._pool.shutdown(wait=True)
 
 
+def _added_rows(path: Path, corpus_ids: set[str]) -> list[dict]:
+    """Rows of a bucket's old file that are not the corpus's: documents added one prompt at a time
+    (profile/additions.py), kept when the bucket is profiled again."""
+    if not path.is_file():
+        return []
+    try:
+        rows = ShardFile.open(path).read().to_pylist()
+    except SiftError:
+        return []  # unreadable: the corpus's rows are redone, the additions are lost with the file
+    return [r for r in rows if r["doc_id"] not in corpus_ids]
+
+
 def _finished(path: Path, expected_ids: set[str]) -> int | None:
-    """Rows of a finished shard holding exactly `expected_ids` (profiled or skipped); None: redo it."""
+    """Rows of a finished shard holding every id of `expected_ids` (profiled or skipped; documents added one
+    prompt at a time may be there too); None: redo it."""
     if not path.is_file():
         return None
     try:
@@ -274,6 +288,6 @@ def _finished(path: Path, expected_ids: set[str]) -> int | None:
     except SiftError:
         return None  # unreadable: redo whole
     skipped = shard.meta.get("sift.skipped") or []
-    if set(ids) | set(skipped) != expected_ids:
+    if not expected_ids <= set(ids) | set(skipped):
         return None
     return len(ids)

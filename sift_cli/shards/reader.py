@@ -60,13 +60,24 @@ class ShardSet:
     def doc_ids(self) -> list[str]:
         return list(self._index)
 
+    def missing(self, doc_ids: list[str]) -> list[str]:
+        """The ids of `doc_ids` this set lacks, in order."""
+        return [d for d in doc_ids if d not in self._index]
+
     def get(self, doc_ids: list[str]) -> list[DocRecord]:
-        missing = [d for d in doc_ids if d not in self._index]
+        missing = self.missing(doc_ids)
         if missing:
             raise SiftError(f"doc_id {missing[0]!r} is not in the shard set {self.dir}"
                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        found = self.records(doc_ids)
+        return [found[d] for d in doc_ids]
+
+    def records(self, doc_ids: list[str]) -> dict[str, DocRecord]:
+        """The records of the ids of `doc_ids` this set holds (the others are left out)."""
         by_file: dict[str, list[int]] = {}
         for d in doc_ids:
+            if d not in self._index:
+                continue
             f, r = self._index[d]
             by_file.setdefault(f, []).append(r)
         found: dict[str, DocRecord] = {}
@@ -76,7 +87,7 @@ class ShardSet:
             for rec in table.to_pylist():
                 found[rec["doc_id"]] = DocRecord(rec["doc_id"], rec["tokens"], rec["la_bits"], rec["ca_bits"])
         for d in doc_ids:
-            if d not in found:
+            if d in self._index and d not in found:
                 raise SiftError(f"{self.dir}: manifest points {d!r} at a row that holds another document; "
                                 f"run `sift validate {self.dir}`")
-        return [found[d] for d in doc_ids]
+        return found

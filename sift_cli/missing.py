@@ -1,0 +1,54 @@
+"""Documents a prompt names that the shard sets lack: which ids are missing, where a prompt's bits are read from,
+and the on-the-fly profiling of its dense documents into a shard set for the next prompt (`--profile-missing`),
+with the thresholds, tile and prefix of the set the prompt was assembled from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import ProfileConfig, resolve_profile_config
+from .models import LoadedModel
+from .profile.additions import AddReport, add_documents
+from .profile.job import check_compatible, shard_metadata
+from .prompt import NOT_PROFILED, Prompt
+from .shards.format import MANIFEST
+from .shards.reader import ShardSet
+
+
+def shard_sets(shards_dir: str | Path, extra: str | Path | None = None) -> list[ShardSet]:
+    """The set a prompt is assembled from, then `extra` (where missing documents are profiled to) once it has a
+    manifest; the first set holding an id wins."""
+    sets = [ShardSet(shards_dir)]
+    if extra is not None and (Path(extra) / MANIFEST).is_file() and Path(extra).resolve() != sets[0].dir.resolve():
+        sets.append(ShardSet(extra))
+    return sets
+
+
+def missing_ids(sets: list[ShardSet], doc_ids: list[str]) -> list[str]:
+    """The ids of `doc_ids` that none of `sets` holds, in order, each once."""
+    out, seen = [], set()
+    for d in doc_ids:
+        if d not in seen and not any(d in s for s in sets):
+            out.append(d)
+        seen.add(d)
+    return out
+
+
+def profile_config_of(shards: ShardSet, lm: LoadedModel) -> ProfileConfig:
+    """The thresholds and tile `shards` was made with, with the device defaults of `lm`'s device."""
+    m = shards.meta
+    overrides = {"tile": int(m["sift.tile_size"]), "alpha": float(m["sift.alpha"]), "beta": float(m["sift.beta"]),
+                 "gamma": float(m["sift.gamma"])}
+    return resolve_profile_config(lm.device, overrides).profile
+
+
+def check_destination(out: str | Path, shards: ShardSet, lm: LoadedModel) -> None:
+    """Refuse, before any model work, a destination set made with another model, thresholds or prefix."""
+    check_compatible(Path(out), shard_metadata(lm, profile_config_of(shards, lm), shards.prefix_token_ids, 0))
+
+
+def profile_dense_documents(prompt: Prompt, lm: LoadedModel, out: str | Path, shards: ShardSet) -> AddReport:
+    """Profile the prompt's documents that have no bits because no set holds them (given as text) into `out`."""
+    docs = [d.document for d in prompt.dense if d.reason == NOT_PROFILED and d.document is not None]
+    return add_documents(out, docs, lm, profile_config_of(shards, lm), shards.prefix_token_ids)

@@ -1,0 +1,166 @@
+"""Prompts with documents the shard sets lack: dense documents in prompts (against the reference), on-the-fly
+profiling (the same bits as `sift profile`), concurrent writers, and `sift profile` keeping added documents."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from sift_cli.attention.backends import get_backend
+from sift_cli.attention.reference import ReferenceBackend
+from sift_cli.block_lists import cell_density
+from sift_cli.config import ProfileConfig
+from sift_cli.corpus import Document, load_documents
+from sift_cli.errors import SiftError
+from sift_cli.missing import missing_ids, profile_config_of
+from sift_cli.prefill import PrefillOptions, dense_prefill, prefill_from_shards, run_prefill, sparse_prefill
+from sift_cli.profile.additions import add_documents
+from sift_cli.profile.job import profile_corpus
+from sift_cli.prompt import NOT_PROFILED, TEXT_DIFFERS, assemble
+from sift_cli.shards.reader import ShardSet
+from sift_cli.shards.validate import validate_path
+
+SPARSE = ProfileConfig(tile=16, alpha=2e-2, beta=5e-2, gamma=0.3)
+IDS = ["doc03", "doc11", "doc05", "doc08", "doc07", "doc09"]
+
+
+@pytest.fixture
+def corpus_docs(small_corpus):
+    return {d.doc_id: d for d in load_documents(small_corpus)}
+
+
+@pytest.fixture
+def full_set(tmp_path, tiny_lm, small_corpus):
+    profile_corpus(small_corpus, tmp_path / "full", tiny_lm, SPARSE, num_shards=2)
+    return ShardSet(tmp_path / "full")
+
+
+@pytest.fixture
+def partial_set(tmp_path, tiny_lm, small_corpus):
+    """The same corpus without doc05 and doc08."""
+    for name in ("doc05", "doc08"):
+        (small_corpus / f"{name}.txt").rename(tmp_path / f"{name}.txt")
+    profile_corpus(small_corpus, tmp_path / "partial", tiny_lm, SPARSE, num_shards=2)
+    for name in ("doc05", "doc08"):
+        (tmp_path / f"{name}.txt").rename(small_corpus / f"{name}.txt")
+    return ShardSet(tmp_path / "partial")
+
+
+def _kl(dense, sparse):
+    p, q = torch.log_softmax(dense.double(), -1), torch.log_softmax(sparse.double(), -1)
+    return float((p.exp() * (p - q)).sum())
+
+
+def test_mixed_prompt_matches_the_reference_and_sits_between(tiny_lm, full_set, partial_set, corpus_docs):
+    query = "What jumps over the dog?"
+    profiled = assemble(full_set, tiny_lm, IDS, query)
+    docs = [corpus_docs[i] if i in ("doc05", "doc08") else i for i in IDS]
+    mixed = assemble(partial_set, tiny_lm, docs, query)
+    assert mixed.input_ids == profiled.input_ids
+    assert [(d.doc_id, d.reason) for d in mixed.dense] == [("doc05", NOT_PROFILED), ("doc08", NOT_PROFILED)]
+    assert mixed.bits.dense_docs() == [2, 3] and profiled.bits.dense_docs() == []
+    x = torch.tensor([profiled.input_ids])
+    dense_logits = dense_prefill(tiny_lm, x).logits
+    results = {}
+    for name, prompt in (("profiled", profiled), ("mixed", mixed)):
+        runs = [sparse_prefill(tiny_lm, prompt, be, x, PrefillOptions())
+                for be in (ReferenceBackend(), get_backend("gather", tiny_lm.device))]
+        assert torch.allclose(runs[0].logits, runs[1].logits, atol=1e-4, rtol=1e-5)  # gather == reference
+        lists = runs[0].plan.block_lists
+        results[name] = (sum(cell_density(b) for b in lists) / len(lists), _kl(dense_logits, runs[0].logits),
+                         int(runs[0].logits.argmax()))
+    (d_prof, kl_prof, tok_prof), (d_mixed, kl_mixed, tok_mixed) = results["profiled"], results["mixed"]
+    assert d_prof < d_mixed < 1.0
+    assert kl_mixed <= kl_prof + 1e-9
+    assert tok_mixed == int(dense_logits.argmax()) or tok_prof != int(dense_logits.argmax())
+
+
+def test_documents_as_text(tiny_lm, full_set, corpus_docs):
+    same = assemble(full_set, tiny_lm, [corpus_docs["doc03"], "doc04"], "q?")
+    assert same.dense == [] and same.bits.dense_docs() == []
+    edited = Document("doc03", corpus_docs["doc03"].text + " And one more sentence.", "edited")
+    changed = assemble(full_set, tiny_lm, [edited, "doc04"], "q?")
+    assert [(d.doc_id, d.reason) for d in changed.dense] == [("doc03", TEXT_DIFFERS)]
+    with pytest.raises(SiftError, match="not in the shard set .* no text was given"):
+        assemble(full_set, tiny_lm, ["doc03", "unknown"], "q?")
+    assert missing_ids([full_set], ["doc03", "x", "doc04", "x", "y"]) == ["x", "y"]
+
+
+def test_on_the_fly_bits_equal_sift_profile(tmp_path, tiny_lm, full_set, partial_set, corpus_docs):
+    cfg = profile_config_of(partial_set, tiny_lm)
+    out = tmp_path / "added"
+    report = add_documents(out, [corpus_docs["doc08"], corpus_docs["doc05"]], tiny_lm, cfg,
+                           partial_set.prefix_token_ids)
+    assert sorted(report.added) == ["doc05", "doc08"] and not report.conflicts
+    added = ShardSet(out)
+    for got, want in zip(added.get(["doc05", "doc08"]), full_set.get(["doc05", "doc08"])):
+        assert got.tokens == want.tokens and got.la_bits == want.la_bits and got.ca_bits == want.ca_bits
+    assert not validate_path(out)["problems"]
+    again = add_documents(out, [corpus_docs["doc05"]], tiny_lm, cfg, partial_set.prefix_token_ids)
+    assert again.added == [] and again.present == ["doc05"]
+    # into the set the corpus was profiled to; `sift profile` of the corpus then keeps the added rows
+    add_documents(partial_set.dir, [Document("extra", "A document no corpus has.", "t")], tiny_lm, cfg,
+                  partial_set.prefix_token_ids)
+    assert "extra" in ShardSet(partial_set.dir)
+
+
+def test_prefill_profiles_missing_documents_for_the_next_prompt(tmp_path, tiny_lm, tiny_ckpt, partial_set,
+                                                                 full_set, corpus_docs):
+    out = tmp_path / "fresh"
+    docs = [corpus_docs["doc05"], "doc03", corpus_docs["doc08"]]
+    opts = PrefillOptions(backend="reference", repeat=1, warmup=0, max_new_tokens=2)
+    first = prefill_from_shards(partial_set.dir, docs, "q?", str(tiny_ckpt), "cpu", opts=opts, profile_missing=out)
+    assert [d["doc_id"] for d in first["dense_docs"]] == ["doc05", "doc08"]
+    assert 0 < first["density"]["dense_docs_cells_share"] <= 1
+    assert sorted(first["profiled_missing"]["added"]) == ["doc05", "doc08"]
+    second = prefill_from_shards(partial_set.dir, docs, "q?", str(tiny_ckpt), "cpu", opts=opts, profile_missing=out)
+    assert second["dense_docs"] == [] and second["profiled_missing"]["added"] == []
+    assert second["density"]["cells"] < first["density"]["cells"]
+    assert ShardSet(out).get(["doc05"])[0].la_bits == full_set.get(["doc05"])[0].la_bits
+
+
+def test_profile_corpus_keeps_added_documents(tmp_path, tiny_lm, small_corpus, partial_set):
+    cfg = profile_config_of(partial_set, tiny_lm)
+    add_documents(partial_set.dir, [Document("zz-added", "Some words nobody profiled.", "t")], tiny_lm, cfg,
+                  partial_set.prefix_token_ids)
+    rerun = profile_corpus(small_corpus, partial_set.dir, tiny_lm, SPARSE, num_shards=2)  # doc05/doc08 are back
+    assert rerun.shards_written >= 1  # the buckets of doc05 and doc08 are profiled again
+    now = ShardSet(partial_set.dir)
+    assert "zz-added" in now and "doc05" in now and not validate_path(partial_set.dir)["problems"]
+
+
+WRITER = textwrap.dedent("""
+    import json, sys
+    from sift_cli.corpus import Document
+    from sift_cli.models import load_model
+    from sift_cli.missing import profile_config_of
+    from sift_cli.profile.additions import add_documents
+    from sift_cli.shards.reader import ShardSet
+    ckpt, base, out, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+    lm = load_model(ckpt, device="cpu")
+    s = ShardSet(base)
+    docs = [Document(n, f"Document {n}: " + " ".join(["words about foxes and dogs"] * (5 + len(n))), n)
+            for n in names]
+    print(json.dumps(add_documents(out, docs, lm, profile_config_of(s, lm), s.prefix_token_ids).to_json()))
+""")
+
+
+def test_concurrent_writers_leave_a_valid_set(tmp_path, tiny_ckpt, full_set):
+    out = tmp_path / "shared"
+    names = [[f"a{i}" for i in range(10)] + ["both1", "both2"], [f"b{i}" for i in range(10)] + ["both1", "both2"]]
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tiny_ckpt), str(full_set.dir), str(out),
+                               ",".join(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in names]
+    reports = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr[-2000:]
+        reports.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert not validate_path(out)["problems"]
+    got = ShardSet(out)
+    assert sorted(got.doc_ids()) == sorted(set(names[0]) | set(names[1]))
+    added_both = sorted(reports[0]["added"] + reports[1]["added"])
+    assert added_both.count("both1") == 1 and added_both.count("both2") == 1  # one writer profiled each
