@@ -80,6 +80,8 @@ def bench_prefill(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture full recompute and SIFT (decode "
                                                                   "included) as CUDA graphs; time the replays"),
     query_blocks: str = typer.Option("segment", "--query-blocks", help="segment or grid (block_table.py)"),
+    unprofiled: int = typer.Option(0, "--unprofiled", help="documents per 8B-shaped prompt left without bits "
+                                                           "(computed densely), evenly spread"),
     save: Optional[Path] = typer.Option(None, "--save"),
     plot: Optional[Path] = PlotOpt,
     as_json: bool = JsonOpt,
@@ -91,7 +93,8 @@ def bench_prefill(
     result = run([m.strip() for m in models.split(",") if m.strip()], _lengths(lengths), pattern,
                  _doc_tokens(doc_tokens), tuple(m.strip() for m in modes.split(",")),
                  tuple(b.strip() for b in backends.split(",")), repeat, warmup, energy, ratio, ssd_gbps, data_dir,
-                 model, cpu_smoke, log=log, cuda_graphs=cuda_graphs, query_blocks=query_blocks)
+                 model, cpu_smoke, log=log, cuda_graphs=cuda_graphs, query_blocks=query_blocks,
+                 unprofiled=unprofiled)
     finish(result, save, plot, "plot_bench", as_json, lambda res: render_bench(res["rows"], res["cpu_smoke"]),
            plot_of=lambda res: res["rows"])
 

@@ -180,7 +180,7 @@ def test_bench_prefill_needs_a_gpu_or_runs_a_cpu_smoke_pass(capsys, tmp_path):
     code, _, e = run(capsys, "bench", "prefill", "--models", "llama3-8b")
     assert code == 2 and "GPU" in e and "--cpu-smoke" in e
     code, out, e = run(capsys, "bench", "prefill", "--models", "llama3-8b", "--cpu-smoke", "--lengths", "300",
-                       "--repeat", 1, "--warmup", 0, "--json", "--save", tmp_path / "b.json",
+                       "--repeat", 1, "--warmup", 0, "--unprofiled", 1, "--json", "--save", tmp_path / "b.json",
                        *plot_args(tmp_path / "bench.png"))
     assert code == 0, e
     assert_png(tmp_path / "bench.png")
@@ -189,4 +189,5 @@ def test_bench_prefill_needs_a_gpu_or_runs_a_cpu_smoke_pass(capsys, tmp_path):
     assert {"full", "no-attention", "sift-gather", "cacheblend"} <= modes, res["rows"]  # auto on a CPU: gather
     sift = [r for r in res["rows"] if r["mode"] == "sift-gather"][0]
     assert 0 < sift["cell_density"] <= 1 and sift["ideal_ms"] > 0 and sift["energy_note"] == "GPU needed"
+    assert "1 of 2 documents unprofiled" in sift["pattern"]
     assert (tmp_path / "b.json").is_file() and res["summary"][0]["tokens"] == 300

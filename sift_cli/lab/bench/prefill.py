@@ -418,9 +418,11 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
               doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"), backends=("auto",),
               repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8,
               data=None, smol_model: str | None = None, cpu_smoke: bool = False, deadline: float | None = None,
-              log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "segment") -> list[dict]:
+              log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "segment",
+              unprofiled: int = 0) -> list[dict]:
     """Every (model, length) case; rows of `run_case`. models: 'llama3-8b' (the 8B-shaped model with `pattern`
-    bits) and/or 'smollm2' (real profiles; `smol_model` is a --model spec, default the bundled GGUF)."""
+    bits) and/or 'smollm2' (real profiles; `smol_model` is a --model spec, default the bundled GGUF). unprofiled:
+    documents per 8B-shaped prompt without bits (dense)."""
     device = require_gpu(cpu_smoke)
     rows: list[dict] = []
     case_kw = dict(modes=modes, backends=backends, repeat=repeat, warmup=warmup, energy=energy, ratio=ratio,
@@ -458,7 +460,7 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
                 return held.get("kv")
 
             cases = llama_cases(lengths, pattern, doc_tokens, 64, sources, str(device),
-                                CPU_SMOKE_LLAMA if cpu_smoke else None)
+                                CPU_SMOKE_LLAMA if cpu_smoke else None, unprofiled=unprofiled)
             _run_cases(cases, emit, out_of_time, log, host_kv_for, device.type == "cuda", **case_kw)
             del cases, held
             gc.collect()
@@ -475,7 +477,7 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                   doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"),
                   backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
                   ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
-                  log=print, cuda_graphs: bool = False, query_blocks: str = "segment") -> dict:
+                  log=print, cuda_graphs: bool = False, query_blocks: str = "segment", unprofiled: int = 0) -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
     pass (lengths capped at 512, at most two; 128-token documents)."""
     require_gpu(cpu_smoke)
@@ -484,5 +486,5 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
         doc_tokens = 128
     rows = run_bench(models, lengths, pattern, doc_tokens, tuple(modes), tuple(backends), repeat, warmup, energy,
                      ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log, cuda_graphs=cuda_graphs,
-                     query_blocks=query_blocks)
+                     query_blocks=query_blocks, unprofiled=unprofiled)
     return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke}

@@ -79,16 +79,23 @@ def describe_doc_tokens(doc_tokens: int | tuple[int, int]) -> str:
 
 def paper_density_bits(layout: PromptLayout, n_layers: int, n_heads: int, tile: int = 64,
                        la_density: float = PAPER_LA_DENSITY, ca_density: float = PAPER_CA_DENSITY,
-                       seed: int = 0) -> PromptBits:
+                       seed: int = 0, dense: frozenset[int] = frozenset()) -> PromptBits:
     """Random bits at the paper's densities: the diagonal always set, other tiles with the probability that makes
-    the expected LA tile density `la_density`; each page with probability `ca_density`."""
+    the expected LA tile density `la_density`; each page with probability `ca_density`. Documents in `dense` get
+    no bits (not profiled)."""
 
     def off_diagonal(p: int) -> float:
         total = p * (p + 1) / 2
         return 0.0 if p == 1 else min(1.0, max(0.0, (la_density * total - p) / (total - p)))
 
     return random_prompt_bits(layout, tile, n_layers, n_heads, off_diagonal, ca_density,
-                              np.random.default_rng(seed))[0]
+                              np.random.default_rng(seed), dense)[0]
+
+
+def spread(k: int, n: int) -> frozenset[int]:
+    """k of n document indices, evenly spread (the middle one for k = 1)."""
+    k = max(0, min(k, n))
+    return frozenset(min(n - 1, int((i + 0.5) * n / k)) for i in range(k)) if k else frozenset()
 
 
 def sampled_bits(layout: PromptLayout, n_layers: int, n_heads: int, sources: list, tile: int, seed: int = 0
@@ -133,19 +140,25 @@ class _Cropped:
 
 def llama_cases(lengths, pattern: str = "paper", doc_tokens: int | tuple[int, int] = 2048, tile: int = 64,
                 sources=None, device="cuda", overrides: dict | None = None, seed: int = 0, lm=None,
-                prefix_len: int = 16):
+                prefix_len: int = 16, unprofiled: int = 0):
     """Yield a Case for the 8B-shaped model at each length (the model is built once, or `lm` is reused).
     doc_tokens: one length, or a (lo, hi) range each document's length is drawn from. prefix_len 16 puts no
-    document on a 64-token boundary, as in real prompts (blocks follow the documents either way)."""
+    document on a 64-token boundary, as in real prompts (blocks follow the documents either way). unprofiled:
+    documents of each prompt left without bits (dense), evenly spread; with the paper's pattern only."""
     if lm is None:
         lm = llama3_8b_shaped(device, torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32,
                               overrides, seed)
     g = torch.Generator().manual_seed(seed)
     for L in lengths:
         lay = synthetic_layout(L, doc_tokens, prefix_len, seed=seed + L)
+        if unprofiled and pattern != "paper":
+            raise SiftError("unprofiled documents go with the paper's pattern")
         if pattern == "paper":
-            bits = paper_density_bits(lay, lm.n_layers, lm.n_heads, tile, seed=seed)
+            dense = spread(unprofiled, len(lay.docs))
+            bits = paper_density_bits(lay, lm.n_layers, lm.n_heads, tile, seed=seed, dense=dense)
             label = f"drawn at the paper's densities (LA {PAPER_LA_DENSITY:.1%} tiles, CA {PAPER_CA_DENSITY:.1%} pages)"
+            if dense:
+                label += f", {len(dense)} of {len(lay.docs)} documents unprofiled (dense)"
         elif pattern == "sampled":
             if not sources:
                 raise SiftError("pattern 'sampled' needs source profiles")
