@@ -7,10 +7,12 @@ directions, layout.py) and the prompt says why."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .corpus import Document
+from .corpus import TEXT_SUFFIXES, CorpusFormat, Document, read_corpus, render
 from .errors import SiftError
 from .layout import PromptBits, PromptLayout
 from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenize_documents, tokenizer_info
@@ -70,6 +72,59 @@ def read_doc_ids(path: str | Path) -> list[str]:
     if not ids:
         raise SiftError(f"{path}: no document ids (one per line)")
     return ids
+
+
+def read_documents(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> list[str | Document]:
+    """A prompt's documents, in order, from `--docs`: a JSON Lines file (.jsonl, .jsonl.gz) of {id[, text[,
+    title]]} records (with text: the document is that text; without: looked up by id), or a text file with one
+    entry per line: a doc_id, or a .txt/.md file (relative to the docs file's folder, else to the working
+    directory) whose text is the document, its id the file's stem as `sift profile` names it."""
+    p = Path(path)
+    if not p.is_file():
+        raise SiftError(f"docs file not found: {path}")
+    if p.name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        return _jsonl_documents(p, fmt)
+    docs: list[str | Document] = []
+    for entry in read_doc_ids(p):
+        if not entry.endswith(TEXT_SUFFIXES):
+            docs.append(entry)
+            continue
+        file = next((f for f in (p.parent / entry, Path(entry)) if f.is_file()), None)
+        if file is None:
+            raise SiftError(f"{path}: document file {entry!r} not found (next to {p.name} or here)")
+        docs.extend(read_corpus(file, fmt))
+    return docs
+
+
+def _jsonl_documents(path: Path, fmt: CorpusFormat) -> list[str | Document]:
+    docs: list[str | Document] = []
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = list(f)
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise SiftError(f"{path}: cannot read ({exc})") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SiftError(f"{path}:{n}: invalid JSON ({exc.msg})") from exc
+        if not isinstance(rec, dict) or fmt.id_field not in rec:
+            raise SiftError(f"{path}:{n}: expected an object with an {fmt.id_field!r} field")
+        doc_id, text = str(rec[fmt.id_field]), rec.get(fmt.text_field)
+        if text is None:
+            docs.append(doc_id)
+        elif not isinstance(text, str) or not text.strip():
+            raise SiftError(f"{path}:{n}: field {fmt.text_field!r} is not a non-empty string")
+        else:
+            title = rec.get(fmt.title_field)
+            docs.append(Document(doc_id, render(fmt, doc_id, text, title if isinstance(title, str) else None),
+                                 f"{path}:{n}"))
+    if not docs:
+        raise SiftError(f"{path}: no documents")
+    return docs
 
 
 def read_query(path: str | Path) -> str:

@@ -164,3 +164,34 @@ def test_concurrent_writers_leave_a_valid_set(tmp_path, tiny_ckpt, full_set):
     assert sorted(got.doc_ids()) == sorted(set(names[0]) | set(names[1]))
     added_both = sorted(reports[0]["added"] + reports[1]["added"])
     assert added_both.count("both1") == 1 and added_both.count("both2") == 1  # one writer profiled each
+
+
+def test_prefill_cli_reads_documents_as_files_and_jsonl(tmp_path, tiny_ckpt, partial_set, corpus_docs, capsys):
+    from .cli.test_cli import assert_one_line_error, run
+
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "doc05.txt").write_text((tmp_path / "corpus" / "doc05.txt").read_text())
+    docs, query = tmp_path / "docs.txt", tmp_path / "q.txt"
+    docs.write_text("doc03\nnew/doc05.txt\ndoc07\n")
+    query.write_text("What does the fox do?\n")
+    out = tmp_path / "added"
+    args = ["prefill", "--shards", partial_set.dir, "--docs", docs, "--query", query, "--model", tiny_ckpt,
+            "--backend", "reference", "--repeat", "1", "--max-new-tokens", "2", "--profile-missing", out]
+    code, stdout, err = run(capsys, *args, "--json")
+    assert code == 0, err
+    r = json.loads(stdout)
+    assert r["doc_ids"] == ["doc03", "doc05", "doc07"] and r["dense_docs"][0]["doc_id"] == "doc05"
+    assert r["profiled_missing"]["added"] == ["doc05"] and "doc05" in ShardSet(out)
+    code, stdout, _ = run(capsys, *args)  # now profiled: read from the added set
+    assert code == 0 and "dense documents" not in stdout and "profiled for the next prompt: 0" in stdout
+
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text(json.dumps({"id": "doc03"}) + "\n" + json.dumps({"id": "fresh", "text": "Foxes nap."}) + "\n")
+    code, stdout, _ = run(capsys, *[jsonl if a == docs else a for a in args])
+    assert code == 0 and "dense documents: fresh (not profiled)" in stdout
+    docs.write_text("doc03\nnowhere/x.txt\n")
+    code, _, err = run(capsys, *args)
+    assert_one_line_error(code, err, "document file 'nowhere/x.txt' not found")
+    docs.write_text("doc03\nunknown-id\n")
+    code, _, err = run(capsys, *args)
+    assert_one_line_error(code, err, "'unknown-id' is not in", "no text was given")

@@ -15,7 +15,9 @@ from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
 
 def prefill(
     shards_dir: Path = typer.Option(..., "--shards", help="shard directory made by `sift profile`"),
-    docs: Path = typer.Option(..., "--docs", help="file with one doc_id per line, in prompt order"),
+    docs: Path = typer.Option(..., "--docs", help="the prompt's documents in order: a file with one doc_id or "
+                                                  ".txt/.md file per line, or a JSONL of {id[, text, title]}; "
+                                                  "documents no shard set holds are computed densely"),
     query: Path = typer.Option(..., "--query", help="file holding the user's question"),
     model: Optional[str] = ModelOpt,
     backend: str = typer.Option("auto", "--backend", help="auto (cuda on Hopper, flex on other GPUs, gather on "
@@ -30,25 +32,33 @@ def prefill(
                                                                       "on the global grid (grid)"),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture each mode's prefill as a CUDA graph "
                                                                   "and time its replays (capture reported apart)"),
+    template: Optional[str] = typer.Option(None, "--template", help="template of documents given as text, as "
+                                                                    "`sift profile --template` (default: its own)"),
+    profile_missing: Optional[Path] = typer.Option(None, "--profile-missing", help="shard set the prompt also "
+                                                   "reads, where documents no set holds are profiled afterwards "
+                                                   "for the next prompt (created if needed)"),
     trust_remote_code: bool = TrustOpt,
     online: bool = OnlineOpt,
     as_json: bool = JsonOpt,
 ):
     """Assemble a RAG prompt from profiled documents; run full recompute and SIFT side by side."""
+    from ..corpus import corpus_format
     from ..prefill import PrefillOptions
-    from ..prompt import read_doc_ids, read_query
+    from ..prompt import read_documents, read_query
 
-    doc_ids, question = read_doc_ids(docs), read_query(query)
+    documents, question = read_documents(docs, corpus_format(template=template)), read_query(query)
     opts = PrefillOptions(backend=backend, block_m=block_m, block_n=block_n, query_blocks=query_blocks,
                           cuda_graphs=cuda_graphs, repeat=repeat, max_new_tokens=max_new_tokens)
-    _run_prefill(shards_dir, doc_ids, question, model, device, dtype, opts, trust_remote_code, online, as_json)
+    _run_prefill(shards_dir, documents, question, model, device, dtype, opts, trust_remote_code, online, as_json,
+                 profile_missing)
 
 
-def _run_prefill(shards_dir, doc_ids, question, model, device, dtype, opts, trust_remote_code=False, online=False,
-                 as_json=False):
+def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code=False, online=False,
+                 as_json=False, profile_missing=None):
     from ..prefill import prefill_from_shards
 
-    report = prefill_from_shards(shards_dir, doc_ids, question, model, device, dtype, opts, trust_remote_code, online)
+    report = prefill_from_shards(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code, online,
+                                 profile_missing=profile_missing)
     if as_json:
         print_json(report)
     else:
@@ -63,6 +73,9 @@ def render_prefill(r: dict, question: str) -> None:
     out.print(f"[bold]attention computed[/]: {pct(d['blocks'])} of causal {r['block_m']}×{r['block_n']} blocks "
               f"({r['query_blocks']} query blocks), {pct(d['cells'])} of causal cells, "
               f"{d['cells_over_allowed']:.3f}× the pairs the bits allow (T={r['tile_size']}, backend {r['backend']})")
+    if r["dense_docs"]:
+        listed = ", ".join(f"{escape(x['doc_id'])} ({x['reason']})" for x in r["dense_docs"])
+        out.print(f"[bold]dense documents[/]: {listed}: {pct(d['dense_docs_cells_share'])} of the computed cells")
     gpu = r["dense"]["gpu_ms"] is not None
     table = Table(show_edge=False)
     cols = ("", "TTFT ms") + (("host ms", "GPU ms", "bound by") if gpu else ()) + ("answer",)
@@ -82,6 +95,12 @@ def render_prefill(r: dict, question: str) -> None:
         c = r["capture_ms"]
         out.print(f"CUDA graphs: capture {c['dense']:.0f} ms (full) and {c['sift']:.0f} ms (SIFT), not in TTFT; graph "
                   f"logits {'equal' if r['graph_logits_equal_eager'] else 'DIFFER FROM'} eager SIFT's")
+    added = r.get("profiled_missing")
+    if added is not None:
+        extra = "".join(f", {len(added[k])} {k.replace('_', ' ')}" for k in ("conflicts", "skipped_too_long")
+                        if added[k])
+        out.print(f"profiled for the next prompt: {len(added['added'])} documents into {escape(added['out'])} "
+                  f"({added['seconds']:.1f} s{extra})")
     if r["backend"] == "reference":
         out.print("[dim]The reference backend checks correctness; it is not a speed path (it computes every score "
                   "and masks). Timings that matter need --backend cuda or flex on a GPU.[/]")
