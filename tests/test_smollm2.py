@@ -95,3 +95,40 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
     assert all(lay.density() == 1.0 for lay in run.plan.block_lists)
     assert float((dense - run.logits).abs().max()) < 1e-4  # fp32 rounding (measured: 0.0)
     assert int(dense.argmax()) == int(run.logits.argmax())
+
+
+def test_nq_one_unprofiled_passage_among_ten(smol, tmp_path):
+    """An 11-passage NQ prompt whose middle passage no shard set holds (given as text): it runs, its density lies
+    between the all-profiled prompt's and 1, and it agrees with full recompute at least as well (first token,
+    KL) as the all-profiled prompt."""
+    from sift_cli.corpus import load_documents
+    from sift_cli.lab.datasets import nq_items, nq_passages, write_jsonl
+    from sift_cli.missing import profile_config_of
+    from sift_cli.prefill import PrefillOptions, run_prefill
+    from sift_cli.profile.additions import add_documents
+    from sift_cli.profile.job import profile_corpus
+    from sift_cli.prompt import NOT_PROFILED, assemble
+    from sift_cli.shards.reader import ShardSet
+
+    records = _nq_or_skip()
+    item = nq_items(records, n_docs=11, n_items=1, seed=5)[0]
+    passages = {p["id"]: p for p in nq_passages(records)}
+    ids = list(item.doc_ids)
+    missing = ids[5]
+    write_jsonl([passages[d] for d in ids], tmp_path / "all.jsonl")
+    write_jsonl([passages[d] for d in ids if d != missing], tmp_path / "ten.jsonl")
+    profile_corpus(tmp_path / "ten.jsonl", tmp_path / "ten", smol, ProfileConfig(), num_shards=1)
+    ten = ShardSet(tmp_path / "ten")
+    text = {d.doc_id: d for d in load_documents(tmp_path / "all.jsonl")}[missing]
+    add_documents(tmp_path / "one", [text], smol, profile_config_of(ten, smol), ten.prefix_token_ids)
+    opts = PrefillOptions(backend="gather", repeat=1, max_new_tokens=4, warmup=0)
+    profiled = run_prefill(smol, assemble([ten, ShardSet(tmp_path / "one")], smol, ids, item.question), opts)
+    mixed_prompt = assemble(ten, smol, [text if d == missing else d for d in ids], item.question)
+    assert [(d.doc_id, d.reason) for d in mixed_prompt.dense] == [(missing, NOT_PROFILED)]
+    mixed = run_prefill(smol, mixed_prompt, opts)
+    assert profiled["density"]["cells"] < mixed["density"]["cells"] < 1.0
+    assert mixed["first_token_match"] or not profiled["first_token_match"]
+    assert mixed["kl"] <= profiled["kl"] * 1.05 + 1e-6, (mixed["kl"], profiled["kl"])
+    assert 0 < mixed["density"]["dense_docs_cells_share"] < 1
+    print(f"profiled: cells {profiled['density']['cells']:.3f} KL {profiled['kl']:.2e}; one unprofiled: cells "
+          f"{mixed['density']['cells']:.3f} KL {mixed['kl']:.2e}, its share {mixed['density']['dense_docs_cells_share']:.3f}")
