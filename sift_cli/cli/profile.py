@@ -56,21 +56,23 @@ def profile(
 ):
     """Profile every document of CORPUS into Parquet bit-vector shards under --out."""
     from ..corpus import corpus_format
-    from ..launch.local import CHILD_DROPS, command_argv, profile_with_local_workers
-    from ..launch.worker import ProfileWorker
 
     fmt = corpus_format(id_field, text_field, title_field, template)
-    if gpus:
+    if gpus:  # the launcher imports no torch: its workers do
+        from ..launch.local import CHILD_DROPS, command_argv, profile_with_local_workers
+
         total = profile_with_local_workers(command_argv(ctx, CHILD_DROPS), gpus, corpus, out_dir, fmt, num_shards,
                                            docs_per_shard, device, rank, world_size)
         return _render_local_workers(total, as_json)
+    from ..launch.worker import ProfileWorker
+
     worker = ProfileWorker.start(corpus, out_dir, model=model, device=device, dtype=dtype,
                                  trust_remote_code=trust_remote_code, online=online,
                                  flags={"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma,
                                         "batch_tokens": batch_tokens, "stats": stats},
                                  read_config_file=True, config_file=config, fmt=fmt, num_shards=num_shards,
                                  docs_per_shard=docs_per_shard, strict=strict, prefix_text=prefix_text, rank=rank,
-                                 world_size=world_size)
+                                 world_size=world_size, from_process_start=True)
     if worker.config.warning and not as_json:
         err.print(f"[yellow]warning:[/] {escape(worker.config.warning)}")
     with progress("profiling", not as_json, unit="tokens") as update:
@@ -85,6 +87,10 @@ def profile(
     out.print(f"[bold]{report.out}[/]: {report.documents} documents in {report.num_shards} shards")
     out.print(f"  profiled {report.profiled} documents ({report.tokens} tokens) in {report.seconds:.1f} s "
               f"= {report.tokens_per_second:,.0f} tokens/s on {lm.device}")
+    if report.startup:
+        prep = report.prepare
+        out.print(f"  start-up {_startup_line(report.startup)}; then read the corpus in "
+                  f"{prep.get('read_corpus', 0):.1f} s, tokenised in {prep.get('tokenize', 0):.1f} s")
     if report.reused:
         out.print(f"  reused {report.reused} documents from {report.shards_reused} finished shards")
     if report.skipped_too_long:
@@ -95,6 +101,13 @@ def profile(
         out.print(f"  manifest: {report.manifest}")
 
 
+def _startup_line(startup: dict) -> str:
+    from ..launch.startup import top_phases
+
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in top_phases(startup))
+    return f"{startup['seconds']:.1f} s" + (f" ({phases})" if phases else "")
+
+
 def _render_local_workers(total: dict, as_json: bool) -> None:
     if as_json:
         print_json(total)
@@ -103,6 +116,9 @@ def _render_local_workers(total: dict, as_json: bool) -> None:
               f"{total['workers']} workers")
     out.print(f"  profiled {total['profiled']} documents ({total['tokens']} tokens) in {total['seconds']:.1f} s "
               f"= {total['tokens_per_second']:,.0f} tokens/s")
+    for w in total["per_worker"]:
+        if w.get("startup"):
+            out.print(f"  worker {w['rank']}: start-up {_startup_line(w['startup'])}")
     if total["reused"]:
         out.print(f"  reused {total['reused']} documents from {total['shards_reused']} finished shards")
     if total["manifest"]:

@@ -90,8 +90,33 @@ def status(
         out.print(f"{path}: {result['done']}/{n} shards done" + (f"; missing {missing[:10]}" if missing else "")
                   + (f" ({len(running)} in progress: {running[:10]})" if running else "")
                   + (f"; manifest {result['manifest']}" if result["manifest"] else "; no manifest yet"))
+        _print_worker_runs(result.get("workers") or [])
     if missing and not as_json:
         raise typer.Exit(3)
+
+
+def _print_worker_runs(records: list[dict], limit: int = 8) -> None:
+    """The worker runs that profiled into the directory, with their start-up (the slowest first when many)."""
+    from statistics import median
+
+    from ..launch.startup import top_phases
+
+    if not records:
+        return
+    secs = [r["startup"]["seconds"] for r in records if (r.get("startup") or {}).get("seconds") is not None]
+    out.print(f"  {len(records)} worker run{'s' if len(records) != 1 else ''}"
+              + (f"; start-up {min(secs):.1f}–{max(secs):.1f} s, median {median(secs):.1f} s" if secs else ""))
+    shown = records if len(records) <= limit else \
+        sorted(records, key=lambda r: -((r.get("startup") or {}).get("seconds") or 0))[:limit]
+    for r in shown:
+        st = r.get("startup") or {}
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in top_phases(st, 3))
+        did = (f"{len(r.get('shards_written') or [])} shards, {r.get('tokens') or 0:,} tokens in "
+               f"{r.get('seconds') or 0:.1f} s" if r.get("state") == "finished" else r.get("state"))
+        out.print(escape(f"    {r.get('started_at')} rank {r.get('rank')}/{r.get('world_size')} on {r.get('host')} "
+                         f"({r.get('device')}): start-up {st.get('seconds') or 0:.1f} s ({phases}); {did}"))
+    if len(records) > limit:
+        out.print(f"    ... {len(records) - limit} more (--json lists every run)")
 
 
 def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):

@@ -13,8 +13,6 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-import torch
-
 from ..errors import SiftError
 
 
@@ -85,6 +83,11 @@ def _checked(w: WorkerRank) -> WorkerRank:
     return w
 
 
+def check_num_shards(num_shards: int | None) -> None:
+    if num_shards is not None and num_shards < 1:
+        raise SiftError("--num-shards must be at least 1")
+
+
 def owned_shards(num_shards: int, rank: int, world_size: int) -> set[int]:
     """Buckets of one rank: s % world_size == rank (round-robin, so ranks get near-equal counts)."""
     return {s for s in range(num_shards) if s % world_size == rank}
@@ -95,6 +98,8 @@ def worker_device(device: str | None, local_rank: int | None) -> str | None:
     task that Slurm bound to one GPU uses cuda:0); anything explicit is kept."""
     if local_rank is None or device not in (None, "", "auto", "cuda"):
         return device
+    import torch  # here: the launcher side of this module needs no torch
+
     if not torch.cuda.is_available():
         return device
     return f"cuda:{local_rank % torch.cuda.device_count()}"

@@ -39,6 +39,9 @@ class ProfileReport:
     shards_reused: int = 0
     seconds: float = 0.0
     manifest: str | None = None
+    prepare: dict = field(default_factory=dict)  # seconds before the first batch: read_corpus, tokenize
+    startup: dict | None = None  # the worker's start-up before this job (launch.startup), set by launch.worker
+    written: list[int] = field(default_factory=list)  # the buckets this run wrote
 
     @property
     def tokens_per_second(self) -> float:
@@ -50,7 +53,8 @@ class ProfileReport:
                 "skipped_doc_ids": self.skipped_too_long[:100], "tokens": self.tokens,
                 "shards_written": self.shards_written, "shards_reused": self.shards_reused,
                 "seconds": round(self.seconds, 3), "tokens_per_second": round(self.tokens_per_second, 1),
-                "manifest": self.manifest}
+                "manifest": self.manifest, "prepare": {k: round(v, 3) for k, v in self.prepare.items()},
+                "startup": self.startup}
 
 
 def shard_metadata(lm: LoadedModel, cfg: ProfileConfig, prefix_ids: list[int], num_shards: int) -> dict:
@@ -108,6 +112,7 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
     out = Path(out)
     t0 = time.perf_counter()
     docs = load_documents(corpus, fmt)
+    read_seconds = time.perf_counter() - t0
     prefix_ids = prefix_token_ids(lm.tokenizer, prefix_text)
     meta = shard_metadata(lm, cfg, prefix_ids, 0)
     existing_shards = check_compatible(out, meta)
@@ -119,6 +124,7 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
     meta["sift.num_shards"] = num_shards
     report = ProfileReport(out=str(out), num_shards=num_shards, documents=len(docs))
 
+    report.prepare["read_corpus"] = read_seconds
     plans = _bucket_plans(docs, out, lm, prefix_ids, num_shards, only_shards, strict, report)
     _profile_buckets(plans, out, lm, cfg, meta, prefix_ids, claim or BucketClaims(out), progress, report)
 
@@ -151,7 +157,9 @@ def _bucket_plans(docs: list[Document], out: Path, lm: LoadedModel, prefix_ids: 
     limit = lm.max_context
     plans = []
     for s, members in todo:
+        t_tokenize = time.perf_counter()
         tokens = tokenize_documents(lm.tokenizer, members)
+        report.prepare["tokenize"] = report.prepare.get("tokenize", 0.0) + time.perf_counter() - t_tokenize
         keep, skipped = [], []
         for d, t in zip(members, tokens):
             if len(prefix_ids) + len(t) > limit:
@@ -193,6 +201,7 @@ def _profile_buckets(plans: list[tuple], out: Path, lm: LoadedModel, cfg: Profil
                     # written on the writer thread; the claim is released there once the file is in place
                     writer.submit(lambda p=out / part_name(s), r=rows, m=shard_meta: write_shard(p, r, m), held)
                     report.shards_written += 1
+                    report.written.append(s)
                     report.profiled += len(rows)
                     report.tokens += sum(len(t) for _, t in keep)
             plans = busy

@@ -7,13 +7,15 @@ from pathlib import Path
 
 from ..errors import SiftError
 from ..launch.claims import busy_buckets, clean_leftovers
+from ..launch.records import read_worker_records
 from .files import ShardFile, list_parts, write_manifest
 from .format import MANIFEST, part_name
 
 
 def shard_status(path: str | Path, finalize: bool = False) -> dict:
-    """{path, num_shards, done, missing, running, manifest}; finalize: write the manifest (every shard must be done)
-    and clean up."""
+    """{path, num_shards, done, missing, running, manifest, workers}; finalize: write the manifest (every shard
+    must be done) and clean up. workers: the records of the worker runs that profiled here (`launch.records`: rank,
+    host, device, start-up and its phases, shards written, state)."""
     path = Path(path)
     parts = list_parts(path) if path.is_dir() else []
     if not parts:
@@ -31,4 +33,5 @@ def shard_status(path: str | Path, finalize: bool = False) -> dict:
         manifest = str(write_manifest(path))
         clean_leftovers(path)
     return {"path": str(path), "num_shards": n, "done": n - len(missing), "missing": missing, "running": running,
-            "manifest": manifest or (str(path / MANIFEST) if (path / MANIFEST).is_file() else None)}
+            "manifest": manifest or (str(path / MANIFEST) if (path / MANIFEST).is_file() else None),
+            "workers": read_worker_records(path)}

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from sift_cli.launch.records import read_worker_records
 from sift_cli.profile.job import profile_corpus
 
 from .workers import CFG, assert_same_shards, worker
@@ -22,6 +23,14 @@ def test_gpus_flag_launches_local_workers(tmp_path, tiny_lm, tiny_ckpt, small_co
     assert rep["workers"] == 2 and rep["num_shards"] == 4 and rep["profiled"] == 12 and rep["manifest"]
     assert sorted(w["rank"] for w in rep["per_worker"]) == [0, 1]
     assert_same_shards(clean, out)
+    # each worker's start-up, from its process start, and the launcher's own (no torch, no model)
+    for w in rep["per_worker"]:
+        assert w["startup"]["since"] == "process start" and "import_transformers" in w["startup"]["phases"]
+    assert rep["startup"]["worker_max_seconds"] == max(w["startup"]["seconds"] for w in rep["per_worker"])
+    assert 0 < rep["startup"]["launcher_seconds"] < rep["startup"]["worker_max_seconds"]
+    records = read_worker_records(out)
+    assert sorted((r["rank"], r["world_size"], r["state"]) for r in records) == [(0, 2, "finished"), (1, 2, "finished")]
+    assert sorted(s for r in records for s in r["shards_written"]) == [0, 1, 2, 3]
 
 def test_launch_reports_failed_workers(tmp_path):
     import shutil

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from sift_cli.config import ProfileConfig
+from sift_cli.launch.records import RECORDS_DIR
 from sift_cli.shards.files import list_parts
 
 CFG = ProfileConfig(tile=16, batch_tokens=2048)
@@ -33,7 +34,8 @@ def rows_by_doc(d: Path) -> dict:
     return out
 
 def leftovers(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if p.name.startswith("."))
+    """Hidden files a run left: locks, temporaries (not the worker records, which are kept on purpose)."""
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(".") and p.name != RECORDS_DIR)
 
 
 DRIVER = r"""
