@@ -9,12 +9,13 @@ Phases (seconds; a phase a worker did not go through is absent):
 - `import_transformers`, `weights_hash` (a GGUF's sha256, remembered in the sift cache), `gguf_cache` (GGUF →
   safetensors conversion, or waiting for the process that converts; ~0 once cached), `tokenizer`, `model`
   (`from_pretrained`), `cuda_context` (on a GPU), `to_device`: `models.load_model`;
+- `read_corpus`: reading and checking the corpus, where the worker does it before loading the model;
 - `config`: thresholds (flags, sift.toml);
 - `warmup` (on a GPU): one tiny profiling batch, whose first CUDA kernels, Triton compilation (or loading from
   Triton's disk cache) and cuBLAS/cuDNN set-up would otherwise count as profiling;
 - `other`: whatever the phases above leave out (rank detection, corpus path resolution, ...).
 
-The corpus read and the tokenisation come after start-up, in the job report's `prepare`.
+Whatever the job itself reads and tokenises afterwards is in the job report's `prepare`.
 """
 
 from __future__ import annotations
