@@ -1,7 +1,15 @@
 """Read a corpus into `Document(id, text)`: a directory of .txt/.md files, JSON Lines (.jsonl, .jsonl.gz,
 .jsonl.zst) or Parquet. A template turns a record into the text that is tokenised.
 
-Every problem names the file (and line or row) and stops the run before any model work starts.
+A document's id: in a directory, the file's path relative to the directory without its .txt/.md extension, with
+`/` between folders (`licenses/apache-2.0.txt` → `licenses/apache-2.0`); in JSONL and Parquet, the id field as a
+string. Extensions are matched in any case (`D.TXT` is a document); other files of a directory are not
+documents: they are reported as ignored (hidden files and folders, starting with `.`, are left out silently).
+
+`load_corpus` reads every document and collects, in one pass, the ones that cannot be profiled (empty, not UTF-8,
+a record without its id or text field...) with their reason, so one run reports them all; the caller decides
+whether they stop the run (`Corpus.check`) or are skipped. Problems of the corpus itself (not found, unknown format,
+a corrupt compressed file, a missing Parquet column, duplicate ids, no documents) stop it, naming the file.
 """
 
 from __future__ import annotations
@@ -9,7 +17,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -18,7 +26,8 @@ import zstandard
 
 from .errors import SiftError
 
-TEXT_SUFFIXES = (".txt", ".md")
+TEXT_SUFFIXES = (".txt", ".md")  # matched case-insensitively
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson")
 DEFAULT_TEMPLATE = "Title: {title}\n{text}\n\n"
 DEFAULT_TEMPLATE_NO_TITLE = "{text}\n\n"
 
@@ -28,6 +37,44 @@ class Document:
     doc_id: str
     text: str  # templated: exactly what is tokenised
     origin: str  # file[:line] for error messages
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A document that cannot be profiled (kind "document": its id when known) or a file of a corpus directory
+    that is not a document (kind "file"), and why."""
+    origin: str  # file[:line | :row N]
+    reason: str
+    doc_id: str | None = None
+    kind: str = "document"
+    remedy: str | None = None  # what fixes it, when that is specific (set --text-field, convert to UTF-8)
+
+    def line(self) -> str:
+        return f"{self.origin}: {self.reason}" + (f"; {self.remedy}" if self.remedy else "")
+
+    def to_json(self) -> dict:
+        return {"doc_id": self.doc_id, "origin": self.origin, "reason": self.reason}
+
+
+@dataclass
+class Corpus:
+    """What `load_corpus` read: the documents, the documents that cannot be profiled and the files that are not
+    documents."""
+    path: str
+    documents: list[Document]
+    bad: list[Skipped] = field(default_factory=list)
+    ignored_files: list[Skipped] = field(default_factory=list)
+
+    def check(self, remedy: str = "fix or remove {them}") -> "Corpus":
+        """Raise, listing every bad document, if there is any. remedy: what to do, "{them}" standing for "it" or
+        "them"."""
+        if len(self.bad) == 1:
+            b = self.bad[0]
+            raise SiftError(f"{b.origin}: {b.reason} — {b.remedy or remedy.format(them='it')}")
+        if self.bad:
+            raise SiftError(f"{self.path}: {len(self.bad)} documents cannot be profiled — "
+                            f"{remedy.format(them='them')}", [b.line() for b in self.bad])
+        return self
 
 
 @dataclass(frozen=True)
@@ -53,125 +100,184 @@ def render(fmt: CorpusFormat, doc_id: str, text: str, title: str | None) -> str:
     try:
         return template.format(id=doc_id, text=text, title=title or "")
     except (KeyError, IndexError, ValueError) as exc:
-        raise SiftError(f"--template {template!r}: bad placeholder ({exc}); use {{id}}, {{title}}, {{text}}") from exc
+        raise SiftError(f"--template {template!r}: bad placeholder ({exc}) — use {{id}}, {{title}} and {{text}}") \
+            from exc
+
+
+def is_text_file(path: Path) -> bool:
+    return path.suffix.lower() in TEXT_SUFFIXES
+
+
+def check_corpus_path(path: str | Path) -> Path:
+    """The corpus path, if it exists and has a format sift reads (cheap: nothing is read)."""
+    p = Path(path)
+    if not p.exists():
+        raise SiftError(f"corpus not found: {path} — pass a directory of .txt/.md files, a .jsonl[.gz|.zst] or "
+                        f".parquet file, or builtin:stdlib-docs")
+    if not (p.is_dir() or p.name.lower().endswith(JSONL_SUFFIXES) or p.suffix.lower() == ".parquet"
+            or is_text_file(p)):
+        raise SiftError(f"corpus {path}: unknown format — pass a directory of .txt/.md files, a .jsonl[.gz|.zst] "
+                        f"or a .parquet file")
+    return p
 
 
 def read_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Iterator[Document]:
-    p = Path(path)
-    if not p.exists():
-        raise SiftError(f"corpus not found: {path}")
+    """Every document of the corpus, in order; raises at the first one that cannot be profiled (files of a
+    directory that are not documents are passed over). `load_corpus` reads them all and lists every problem."""
+    for item in iter_corpus(path, fmt):
+        if isinstance(item, Document):
+            yield item
+        elif item.kind == "document":
+            raise SiftError(f"{item.line()} — fix or remove the document")
+
+
+def iter_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Iterator[Document | Skipped]:
+    """Every document of the corpus, in order, and in their place what cannot be profiled or is not a document."""
+    p = check_corpus_path(path)
     if p.is_dir():
         yield from _read_directory(p, fmt)
-    elif p.name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson")):
+    elif p.name.lower().endswith(JSONL_SUFFIXES):
         yield from _read_jsonl(p, fmt)
-    elif p.suffix == ".parquet":
+    elif p.suffix.lower() == ".parquet":
         yield from _read_parquet(p, fmt)
-    elif p.suffix in TEXT_SUFFIXES:
-        yield _text_document(p.stem, p, fmt)
     else:
-        raise SiftError(f"corpus {path}: unknown format; expected a directory of .txt/.md files, "
-                        f".jsonl[.gz|.zst] or .parquet")
+        yield _text_document(p.stem, p, fmt)
+
+
+def load_corpus(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> Corpus:
+    """Every document, every bad document (with its reason) and every ignored file, in one pass; raises on
+    problems of the corpus itself: duplicate ids (all listed) and no document at all."""
+    corpus = Corpus(str(path), [])
+    seen: dict[str, str] = {}
+    duplicates = []
+    for item in iter_corpus(path, fmt):
+        if isinstance(item, Skipped):
+            (corpus.ignored_files if item.kind == "file" else corpus.bad).append(item)
+            continue
+        if item.doc_id in seen:
+            duplicates.append(f"{item.origin}: id {item.doc_id!r} (first at {seen[item.doc_id]})")
+            continue
+        seen[item.doc_id] = item.origin
+        corpus.documents.append(item)
+    if duplicates:
+        raise SiftError(f"{path}: {len(duplicates)} duplicate document id{'s' if len(duplicates) > 1 else ''} — "
+                        f"give every document its own id", duplicates)
+    if not corpus.documents:
+        if corpus.bad:
+            corpus.check()  # not one document can be profiled: say why for each
+        raise SiftError(f"corpus {path}: no documents found — sift reads .txt/.md files of a directory (any case), "
+                        f".jsonl[.gz|.zst] and .parquet files", [s.line() for s in corpus.ignored_files])
+    return corpus
 
 
 def load_documents(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> list[Document]:
-    """All documents, checked: non-empty corpus, unique ids, non-empty texts."""
-    docs, seen = [], {}
-    for doc in read_corpus(path, fmt):
-        if not doc.doc_id:
-            raise SiftError(f"{doc.origin}: empty document id")
-        if doc.doc_id in seen:
-            raise SiftError(f"{doc.origin}: duplicate document id {doc.doc_id!r} (first at {seen[doc.doc_id]})")
-        seen[doc.doc_id] = doc.origin
-        docs.append(doc)
-    if not docs:
-        raise SiftError(f"corpus {path}: no documents found")
-    return docs
+    """All documents, checked: non-empty corpus, unique ids, every document readable (all bad ones listed)."""
+    return load_corpus(path, fmt).check().documents
 
 
-def _check_text(text: str, origin: str) -> str:
-    if not text.strip():
-        raise SiftError(f"{origin}: empty document; remove it from the corpus")
-    return text
-
-
-def _text_document(doc_id: str, file: Path, fmt: CorpusFormat) -> Document:
-    raw = file.read_bytes()
+def _text_of(raw: bytes) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SiftError(f"{file}: not valid UTF-8 (byte {exc.start}); convert it to UTF-8") from exc
-    text = _check_text(text.removeprefix("\ufeff"), str(file))
+        return None, f"not valid UTF-8 (byte {exc.start})"
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        return None, "empty document"
+    return text, None
+
+
+def _text_document(doc_id: str, file: Path, fmt: CorpusFormat) -> Document | Skipped:
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        return Skipped(str(file), f"cannot be read ({exc.strerror or exc})", doc_id)
+    text, problem = _text_of(raw)
+    if problem:
+        return Skipped(str(file), problem, doc_id, remedy="convert it to UTF-8" if "UTF-8" in problem else None)
     return Document(doc_id, render(fmt, doc_id, text, None), str(file))
 
 
-def _read_directory(root: Path, fmt: CorpusFormat) -> Iterator[Document]:
-    files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES
+def _read_directory(root: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]:
+    files = sorted(f for f in root.rglob("*") if f.is_file()
                    and not any(part.startswith(".") for part in f.relative_to(root).parts))
     for f in files:
-        doc_id = f.relative_to(root).with_suffix("").as_posix()
+        if not is_text_file(f):
+            yield Skipped(str(f), f"not a document: sift reads .txt and .md files (any case), not "
+                                  f"{f.suffix or 'files without an extension'}", kind="file")
+            continue
+        rel = f.relative_to(root)
+        doc_id = rel.with_name(rel.stem).as_posix()
         yield _text_document(doc_id, f, fmt)
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _open_binary(path: Path) -> io.BufferedIOBase:
     if path.name.endswith(".gz"):
-        raw = gzip.open(path, "rb")
-    elif path.name.endswith(".zst"):
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"))
-    else:
-        raw = open(path, "rb")
-    return io.TextIOWrapper(io.BufferedReader(raw) if not isinstance(raw, io.BufferedReader) else raw,
-                            encoding="utf-8", errors="strict")
+        return gzip.open(path, "rb")
+    if path.name.endswith(".zst"):
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
 
 
-def _record_document(rec: dict, origin: str, fmt: CorpusFormat) -> Document:
+def _record_document(rec, origin: str, fmt: CorpusFormat) -> Document | Skipped:
     if not isinstance(rec, dict):
-        raise SiftError(f"{origin}: expected a JSON object per line")
-    if fmt.id_field not in rec or fmt.text_field not in rec:
-        raise SiftError(f"{origin}: record lacks field {fmt.id_field!r} or {fmt.text_field!r} "
-                        f"(set --id-field / --text-field)")
-    text = rec[fmt.text_field]
-    if not isinstance(text, str):
-        raise SiftError(f"{origin}: field {fmt.text_field!r} is not a string")
-    title = rec.get(fmt.title_field)
+        return Skipped(origin, "not a JSON object (expected one object per line)")
+    missing = [(f, flag) for f, flag in ((fmt.id_field, "--id-field"), (fmt.text_field, "--text-field"))
+               if f not in rec]
+    if missing:
+        fields = " and ".join(repr(f) for f, _ in missing)
+        flags = " / ".join(flag for _, flag in missing)
+        return Skipped(origin, f"record has no field {fields} (its fields: {', '.join(map(str, rec)) or 'none'})",
+                       str(rec[fmt.id_field]) if fmt.id_field in rec else None,
+                       remedy=f"set {flags} to the field{'s' if len(missing) > 1 else ''} holding "
+                              + " and ".join("the id" if f == fmt.id_field else "the text" for f, _ in missing))
     doc_id = str(rec[fmt.id_field])
-    return Document(doc_id, render(fmt, doc_id, _check_text(text, origin), title if isinstance(title, str) else None),
-                    origin)
+    text = rec[fmt.text_field]
+    if not doc_id:
+        return Skipped(origin, f"empty document id (field {fmt.id_field!r})")
+    if not isinstance(text, str):
+        return Skipped(origin, f"field {fmt.text_field!r} is not a string", doc_id)
+    if not text.strip():
+        return Skipped(origin, "empty document", doc_id)
+    title = rec.get(fmt.title_field)
+    return Document(doc_id, render(fmt, doc_id, text, title if isinstance(title, str) else None), origin)
 
 
-def _read_jsonl(path: Path, fmt: CorpusFormat) -> Iterator[Document]:
+def _read_jsonl(path: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]:
     try:
-        with _open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
                     continue
                 origin = f"{path}:{lineno}"
                 try:
-                    rec = json.loads(line)
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield Skipped(origin, f"not valid UTF-8 (byte {exc.start} of the line)",
+                                  remedy="convert the file to UTF-8")
+                    continue
+                try:
+                    rec = json.loads(line.removeprefix("\ufeff") if lineno == 1 else line)
                 except json.JSONDecodeError as exc:
-                    raise SiftError(f"{origin}: invalid JSON ({exc.msg})") from exc
+                    yield Skipped(origin, f"invalid JSON ({exc.msg})")
+                    continue
                 yield _record_document(rec, origin, fmt)
-    except UnicodeDecodeError as exc:
-        raise SiftError(f"{path}: not valid UTF-8; convert it to UTF-8") from exc
-    except (OSError, EOFError) as exc:
-        if isinstance(exc, SiftError):
-            raise
-        raise SiftError(f"{path}: cannot read ({exc}); is the file truncated or corrupt?") from exc
-    except Exception as exc:  # zstandard raises its own error type for corrupt frames
-        if isinstance(exc, SiftError):
-            raise
-        raise SiftError(f"{path}: cannot read ({exc}); is the file truncated or corrupt?") from exc
+    except SiftError:
+        raise
+    except Exception as exc:  # OSError, EOFError, zstandard's own error type for corrupt frames
+        raise SiftError(f"{path}: cannot read ({exc}) — the file is truncated or corrupt: re-create or re-download "
+                        f"it") from exc
 
 
-def _read_parquet(path: Path, fmt: CorpusFormat) -> Iterator[Document]:
+def _read_parquet(path: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as exc:
-        raise SiftError(f"{path}: not a readable Parquet file ({exc})") from exc
+        raise SiftError(f"{path}: not a readable Parquet file ({exc}) — re-create or re-download it") from exc
     names = pf.schema_arrow.names
-    for col in (fmt.id_field, fmt.text_field):
+    for col, flag in ((fmt.id_field, "--id-field"), (fmt.text_field, "--text-field")):
         if col not in names:
-            raise SiftError(f"{path}: no column {col!r} (columns: {', '.join(names)}); "
-                            f"set --id-field / --text-field")
+            raise SiftError(f"{path}: no column {col!r} (columns: {', '.join(names)}) — set {flag}")
     cols = [fmt.id_field, fmt.text_field] + ([fmt.title_field] if fmt.title_field in names else [])
     row = 0
     for batch in pf.iter_batches(columns=cols):
@@ -180,7 +286,5 @@ def _read_parquet(path: Path, fmt: CorpusFormat) -> Iterator[Document]:
         for doc_id, text, title in zip(data[fmt.id_field], data[fmt.text_field], titles):
             origin = f"{path}:row {row}"
             row += 1
-            if not isinstance(text, str):
-                raise SiftError(f"{origin}: column {fmt.text_field!r} is not text")
-            doc_id = str(doc_id)
-            yield Document(doc_id, render(fmt, doc_id, _check_text(text, origin), title), origin)
+            rec = {fmt.title_field: title, fmt.id_field: "" if doc_id is None else doc_id, fmt.text_field: text}
+            yield _record_document(rec, origin, fmt)

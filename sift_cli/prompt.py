@@ -136,7 +136,7 @@ def read_query(path: str | Path) -> str:
     except UnicodeDecodeError as exc:
         raise SiftError(f"{path}: not valid UTF-8") from exc
     if not text:
-        raise SiftError(f"{path}: the query is empty")
+        raise SiftError(f"{path}: the query is empty — write the question into it")
     return text
 
 
@@ -181,7 +181,7 @@ def assemble(shards: ShardSet | list[ShardSet], lm: LoadedModel, docs: list[str 
     if not docs:
         raise SiftError("no documents given")
     if not query.strip():
-        raise SiftError("the query is empty")
+        raise SiftError("the query is empty — give a question")
     if not sets:
         raise SiftError("no shard set given")
     first = _check_sets(sets, lm)
@@ -201,9 +201,12 @@ def assemble(shards: ShardSet | list[ShardSet], lm: LoadedModel, docs: list[str 
                 dense.append(DenseDocument(doc_id, NOT_PROFILED if rec is None else TEXT_DIFFERS, len(t), d))
         else:
             if rec is None:
+                skipped = next((s for s in sets if s.skip_reason(doc_id) is not None), None)
+                if skipped is not None:  # say why it was not profiled
+                    raise SiftError(skipped.absent(doc_id))
                 where = (f"the shard set {sets[0].dir}" if len(sets) == 1
                          else f"any of the shard sets {', '.join(str(x.dir) for x in sets)}")
-                raise SiftError(f"doc_id {doc_id!r} is not in {where} and no text was given for it; give the "
+                raise SiftError(f"doc_id {doc_id!r} is not in {where} and no text was given for it — give the "
                                 f"document as a file or a JSONL record, or profile it first")
             t, same = rec.tokens, True
         tokens.append(t)

@@ -2,7 +2,7 @@
 function and rendering its result with rich or as one JSON object. Errors the user can fix become one line.
 
 - `profile`  sift profile
-- `shards`   sift inspect, validate, status, sample-corpus
+- `shards`   sift inspect, validate, status, ids, sample-corpus
 - `prefill`  sift prefill, demo-prefill
 - `eval`     sift eval recall | build-qa | qa | sweep | storage, sift calibrate
 - `bench`    sift bench kernels | profile | prefill
@@ -21,7 +21,7 @@ from rich.markup import escape
 from ..errors import SiftError
 from . import prefill, profile, shards
 from .bench import bench_app
-from .console import err
+from .console import Interrupted, err
 from .eval import calibrate, eval_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -31,6 +31,7 @@ app.command()(profile.profile)
 app.command()(shards.inspect)
 app.command()(shards.validate)
 app.command()(shards.status)
+app.command()(shards.ids)
 app.command()(prefill.prefill)
 app.command("demo-prefill", hidden=True)(prefill.demo_prefill)
 app.add_typer(bench_app, name="bench")
@@ -43,15 +44,22 @@ def main() -> None:
     debug = os.environ.get("SIFT_DEBUG", "") not in ("", "0")
     try:
         rc = app(standalone_mode=False)  # click returns (not raises) the code of typer.Exit here
+        if rc == 130:  # typer turned a Ctrl-C into a silent Exit(130)
+            err.print("[red]interrupted[/]")
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except SiftError as exc:
         if debug:
             raise
         err.print(f"[red]error:[/] {escape(str(exc))}")
+        for line in getattr(exc, "details", ()):
+            err.print(f"  {escape(line)}")
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except Interrupted as exc:
+        err.print(f"[red]interrupted[/] — {escape(str(exc))}")
+        sys.exit(130)
     except (typer.Abort, KeyboardInterrupt):
         err.print("[red]interrupted[/]")
         sys.exit(130)

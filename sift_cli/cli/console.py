@@ -4,18 +4,65 @@ formats."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import sys
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.console import Console, ConsoleDimensions
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+from rich.text import Text
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+LOG_WIDTH = 1000  # columns of a console that is not a terminal: tables in logs keep every value whole
+
+
+class _Console(Console):
+    """A rich console whose width, off a terminal (a log file, a pipe), is LOG_WIDTH rather than rich's 80, so
+    tables are never cut ("403,…"); on a terminal it is the terminal's."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)
+        if self.is_terminal or self._width is not None:
+            return size
+        return ConsoleDimensions(LOG_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size) -> None:
+        Console.size.fset(self, new_size)
+
+
+class Interrupted(Exception):
+    """Ctrl-C in a command that can say what to do next (the message): shown as `interrupted — <message>`, exit
+    130. (typer turns a bare KeyboardInterrupt into a silent exit 130; `main` says "interrupted" for those.)"""
+
+
+out = _Console(highlight=False, soft_wrap=True)
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class TimeLeftColumn(ProgressColumn):
+    """Time left at the average rate since the start. (rich's TimeRemainingColumn estimates the speed from the
+    updates of the last 30 seconds, so when one update takes longer, a profiling batch on a CPU, it never shows a
+    time.)"""
+
+    def render(self, task) -> Text:
+        if not task.total or not task.completed or not task.elapsed:
+            return Text("-:--:--", style="progress.remaining")
+        if task.finished:
+            return Text("0:00:00", style="progress.remaining")
+        left = task.elapsed * (task.total - task.completed) / task.completed
+        return Text(str(datetime.timedelta(seconds=int(left))), style="progress.remaining")
 
 
 def print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=_default) + "\n")
+    sys.stdout.flush()
+
+
+def print_plain(lines) -> None:
+    """Lines on stdout exactly as given (tabs kept, no markup, no wrapping): output meant for `cut`, `grep`."""
+    for line in lines:
+        sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -35,7 +82,7 @@ def progress(description: str, enabled: bool = True, unit: str | None = None):
         return
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn()]
     columns += [TextColumn(unit)] if unit else []
-    with Progress(*columns, TimeRemainingColumn(), console=err, transient=True) as bar:
+    with Progress(*columns, TimeLeftColumn(), console=err, transient=True) as bar:
         task = bar.add_task(description, total=None)
 
         def update(done: int, total: int) -> None:

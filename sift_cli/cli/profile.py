@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .console import err, out, print_json, progress
+from .console import Interrupted, err, out, print_json, progress
 from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
 
 
@@ -75,8 +75,12 @@ def profile(
                                  world_size=world_size, from_process_start=True)
     if worker.config.warning and not as_json:
         err.print(f"[yellow]warning:[/] {escape(worker.config.warning)}")
-    with progress("profiling", not as_json, unit="tokens") as update:
-        report = worker.run(update)
+    try:
+        with progress("profiling", not as_json, unit="tokens") as update:
+            report = worker.run(update)
+    except KeyboardInterrupt:
+        raise Interrupted("run the same command again to resume: finished shards are kept, the others are "
+                          "redone") from None
     lm, rank_ = worker.lm, worker.rank
     if as_json:
         print_json({**report.to_json(), "worker": rank_.to_json(), "device": str(lm.device)})
@@ -93,12 +97,26 @@ def profile(
                   f"{prep.get('read_corpus', 0):.1f} s, tokenised in {prep.get('tokenize', 0):.1f} s")
     if report.reused:
         out.print(f"  reused {report.reused} documents from {report.shards_reused} finished shards")
-    if report.skipped_too_long:
-        out.print(f"  [yellow]skipped {len(report.skipped_too_long)} documents longer than the model's context "
-                  f"({lm.max_context} tokens)[/]: {', '.join(report.skipped_too_long[:5])}"
-                  + (" ..." if len(report.skipped_too_long) > 5 else ""))
+    _print_skipped(report)
     if report.manifest:
         out.print(f"  manifest: {report.manifest}")
+
+
+def _print_skipped(report, limit: int = 10) -> None:
+    """The documents not profiled and the files that are not documents, each with its reason."""
+    if report.skipped:
+        out.print(f"  [yellow]skipped {len(report.skipped)} documents[/] (not profiled; `sift ids {report.out}` "
+                  f"lists them with the reason; --strict stops instead):")
+        for s in report.skipped[:limit]:
+            out.print(escape(f"    {s['origin']}: {s['reason']}"))
+        if len(report.skipped) > limit:
+            out.print(f"    ... {len(report.skipped) - limit} more (--json lists {min(100, len(report.skipped))})")
+    if report.ignored_files:
+        out.print(f"  [yellow]ignored {len(report.ignored_files)} files[/] that are not documents:")
+        for line in report.ignored_files[:limit]:
+            out.print(escape(f"    {line}"))
+        if len(report.ignored_files) > limit:
+            out.print(f"    ... {len(report.ignored_files) - limit} more")
 
 
 def _startup_line(startup: dict) -> str:

@@ -1,4 +1,4 @@
-"""Shard commands: `sift inspect`, `sift validate`, `sift status` and `sift sample-corpus`."""
+"""Shard commands: `sift inspect`, `sift validate`, `sift status`, `sift ids` and `sift sample-corpus`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .console import err, human_bytes, out, pct, print_json
+from .console import err, human_bytes, out, pct, print_json, print_plain
 from .options import JsonOpt
 
 
@@ -83,15 +83,18 @@ def status(
     from ..shards.status import shard_status
 
     result = shard_status(path, finalize)
-    n, missing, running = result["num_shards"], result["missing"], result["running"]
+    n, missing, running, bad = result["num_shards"], result["missing"], result["running"], result["bad"]
     if as_json:
         print_json(result)
     else:
         out.print(f"{path}: {result['done']}/{n} shards done" + (f"; missing {missing[:10]}" if missing else "")
                   + (f" ({len(running)} in progress: {running[:10]})" if running else "")
                   + (f"; manifest {result['manifest']}" if result["manifest"] else "; no manifest yet"))
+        for b in bad:
+            err.print(f"  [yellow]{escape(b['file'])}[/]: {escape(b['problem'])} — not done; re-run `sift profile` "
+                      f"with the same arguments to redo it")
         _print_worker_runs(result.get("workers") or [])
-    if missing and not as_json:
+    if missing:
         raise typer.Exit(3)
 
 
@@ -117,6 +120,24 @@ def _print_worker_runs(records: list[dict], limit: int = 8) -> None:
                          f"({r.get('device')}): start-up {st.get('seconds') or 0:.1f} s ({phases}); {did}"))
     if len(records) > limit:
         out.print(f"    ... {len(records) - limit} more (--json lists every run)")
+
+
+def ids(
+    path: Path = typer.Argument(..., help="a shard file or a shard directory (finished or not)"),
+    as_json: bool = JsonOpt,
+):
+    """Every doc_id of a shard set with its status: profiled (file, tokens) or skipped at profile time (and why).
+    One tab-separated line per id on stdout; the counts on stderr."""
+    from ..shards.ids import doc_id_listing
+
+    listing = doc_id_listing(path)
+    if as_json:
+        print_json(listing)
+        return
+    print_plain(f"{r['doc_id']}\t{r['status']}\t"
+                + (f"{r['file']}\t{r['n_tokens']} tokens" if r["status"] == "profiled" else r["reason"])
+                for r in listing["documents"])
+    err.print(f"{listing['profiled']} profiled, {listing['skipped']} skipped, in {listing['files']} files")
 
 
 def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):

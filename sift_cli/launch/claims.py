@@ -86,7 +86,7 @@ class BucketClaims:
     # -- flock: released by the kernel when the process dies -----------------------------------------------
     def _acquire_flock(self, path: Path, wait: bool):
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # mode: 0666 less the umask
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
@@ -121,7 +121,7 @@ class BucketClaims:
     def _acquire_exclusive(self, path: Path, wait: bool):
         while True:
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             except FileExistsError:
                 if self._break_if_stale(path):
                     continue

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..cache import compile_cache_env
-from ..corpus import CorpusFormat, load_documents
+from ..corpus import CorpusFormat, load_corpus
 from ..errors import SiftError
 from ..sample import resolve_corpus
 from ..shards.files import ShardFile, list_parts, write_manifest
@@ -73,7 +73,7 @@ def resolve_num_shards(corpus, fmt, out: str | Path, num_shards: int | None, doc
         return int(ShardFile.open(parts[0]).meta["sift.num_shards"])
     from ..profile.job import default_num_shards  # here: the job module brings torch, which the parent avoids
 
-    return default_num_shards(len(load_documents(corpus, fmt)), docs_per_shard)
+    return default_num_shards(len(load_corpus(corpus, fmt).documents), docs_per_shard)
 
 
 def _nvml_device_count() -> int | None:

@@ -22,11 +22,11 @@ from typing import Callable  # noqa: E402
 
 from ..cache import use_shared_compile_caches  # noqa: E402
 from ..config import ProfileConfig, ResolvedConfig, resolve_profile_config  # noqa: E402
-from ..corpus import CorpusFormat  # noqa: E402
+from ..corpus import Corpus, CorpusFormat, load_corpus  # noqa: E402
 from ..errors import SiftError  # noqa: E402
 from ..models import LoadedModel, encode, load_model, prefix_token_ids  # noqa: E402
 from ..profile.forward import launch_profile_batch  # noqa: E402
-from ..profile.job import ProfileReport, profile_corpus  # noqa: E402
+from ..profile.job import STRICT_REMEDY, ProfileReport, profile_corpus  # noqa: E402
 from ..sample import resolve_corpus  # noqa: E402
 from .ranks import WorkerRank, check_num_shards, detect_rank, owned_shards, worker_device  # noqa: E402
 from .records import WorkerRecord  # noqa: E402
@@ -50,7 +50,7 @@ def warm_up(lm: LoadedModel, cfg: ProfileConfig, prefix_text: str | None = None)
 
 @dataclass
 class ProfileWorker:
-    corpus: str
+    corpus: Corpus  # read and checked before the model loaded
     out: Path
     rank: WorkerRank
     lm: LoadedModel
@@ -89,6 +89,11 @@ class ProfileWorker:
                 raise SiftError(f"worker {worker.rank} of {worker.world_size} (from {worker.source}): pass "
                                 f"--num-shards (the same number to every worker)")
             only = owned_shards(num_shards, worker.rank, worker.world_size)
+        # the flags, sift.toml and the corpus are checked before the model loads (seconds); every bad document is
+        # listed at once (with strict they stop the run, else they are skipped and reported)
+        resolve_profile_config("cpu", flags, read_file=read_config_file, config_file=config_file)
+        with clock.phase("read_corpus"):
+            corpus = load_corpus(corpus, fmt).check(STRICT_REMEDY) if strict else load_corpus(corpus, fmt)
         lm = load_model(model, device=worker_device(device, worker.local_rank), dtype=dtype,
                         trust_remote_code=trust_remote_code, online=online, phases=clock.phases)
         with clock.phase("config"):

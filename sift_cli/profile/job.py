@@ -16,7 +16,7 @@ from typing import Callable, ContextManager
 
 from .. import __version__
 from ..config import ProfileConfig
-from ..corpus import CorpusFormat, Document, load_documents
+from ..corpus import Corpus, CorpusFormat, Document, load_corpus
 from ..errors import SiftError
 from ..launch.claims import BucketClaims
 from ..models import LoadedModel, prefix_token_ids, tokenize_documents, tokenizer_info
@@ -24,6 +24,8 @@ from ..shards.files import ShardFile, list_parts, write_manifest, write_shard
 from ..shards.format import FORMAT_VERSION, matching_keys, part_name, shard_of, token_sha256
 from .batches import plan_batches
 from .forward import launch_profile_batch
+
+STRICT_REMEDY = "fix or remove {them}, or run without --strict to skip {them}"
 
 
 @dataclass
@@ -34,6 +36,9 @@ class ProfileReport:
     profiled: int = 0  # this run
     reused: int = 0  # already in finished shards
     skipped_too_long: list[str] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # every document not profiled: {doc_id, origin, reason}
+    ignored_files: list[str] = field(default_factory=list)  # files of a corpus directory that are not documents
+    skip_reasons: dict[str, str] = field(default_factory=dict)  # doc_id → why it was skipped
     tokens: int = 0  # profiled this run (documents only)
     shards_written: int = 0
     shards_reused: int = 0
@@ -50,7 +55,8 @@ class ProfileReport:
     def to_json(self) -> dict:
         return {"out": self.out, "num_shards": self.num_shards, "documents": self.documents,
                 "profiled": self.profiled, "reused": self.reused, "skipped_too_long": len(self.skipped_too_long),
-                "skipped_doc_ids": self.skipped_too_long[:100], "tokens": self.tokens,
+                "skipped_doc_ids": self.skipped_too_long[:100], "skipped_documents": len(self.skipped),
+                "skipped": self.skipped[:100], "ignored_files": self.ignored_files[:100], "tokens": self.tokens,
                 "shards_written": self.shards_written, "shards_reused": self.shards_reused,
                 "seconds": round(self.seconds, 3), "tokens_per_second": round(self.tokens_per_second, 1),
                 "manifest": self.manifest, "prepare": {k: round(v, 3) for k, v in self.prepare.items()},
@@ -96,13 +102,17 @@ def default_num_shards(n_docs: int, docs_per_shard: int) -> int:
     return max(1, -(-n_docs // max(1, docs_per_shard)))
 
 
-def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: ProfileConfig,
+def profile_corpus(corpus: str | Path | Corpus, out: str | Path, lm: LoadedModel, cfg: ProfileConfig,
                    fmt: CorpusFormat = CorpusFormat(), num_shards: int | None = None, docs_per_shard: int = 1000,
                    strict: bool = False, prefix_text: str | None = None, only_shards: set[int] | None = None,
                    progress: Callable[[int, int], None] | None = None, write_index: bool = True,
                    claim: Callable[[int, bool], ContextManager[bool]] | None = None) -> ProfileReport:
-    """Profile every document of `corpus` into shards under `out`; resumable; returns what was done.
+    """Profile every document of `corpus` (a path, or what `corpus.load_corpus` read) into shards under `out`;
+    resumable; returns what was done.
 
+    Documents that cannot be profiled (empty, not UTF-8, longer than the model's context...) are skipped, listed
+    in the report and recorded with their reason in their bucket's file (`sift.skipped`, `sift.skip_reasons`);
+    strict: stop instead, listing them all, before any model work.
     only_shards: the buckets this worker owns (None: all). progress(done_tokens, total_tokens) is called as
     batches finish. claim(shard, wait): a context manager yielding whether this process may write that shard now
     (default: `launch.claims.BucketClaims`, a per-bucket lock in `out`, so concurrent workers never write one shard
@@ -111,7 +121,10 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
     cfg.check()
     out = Path(out)
     t0 = time.perf_counter()
-    docs = load_documents(corpus, fmt)
+    loaded = corpus if isinstance(corpus, Corpus) else load_corpus(corpus, fmt)
+    if strict:
+        loaded.check(STRICT_REMEDY)
+    docs = loaded.documents
     read_seconds = time.perf_counter() - t0
     prefix_ids = prefix_token_ids(lm.tokenizer, prefix_text)
     meta = shard_metadata(lm, cfg, prefix_ids, 0)
@@ -122,10 +135,12 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
         raise SiftError(f"{out}: holds a shard set of {existing_shards} shards, not {num_shards}; "
                         f"keep --num-shards {existing_shards} or use another --out directory")
     meta["sift.num_shards"] = num_shards
-    report = ProfileReport(out=str(out), num_shards=num_shards, documents=len(docs))
+    report = ProfileReport(out=str(out), num_shards=num_shards, documents=len(docs),
+                           skipped=[b.to_json() for b in loaded.bad],
+                           ignored_files=[f.line() for f in loaded.ignored_files])
 
     report.prepare["read_corpus"] = read_seconds
-    plans = _bucket_plans(docs, out, lm, prefix_ids, num_shards, only_shards, strict, report)
+    plans = _bucket_plans(docs, out, lm, prefix_ids, num_shards, only_shards, strict, report, loaded.bad)
     _profile_buckets(plans, out, lm, cfg, meta, prefix_ids, claim or BucketClaims(out), progress, report)
 
     if write_index and all((out / part_name(s)).is_file() for s in range(num_shards)):
@@ -135,19 +150,24 @@ def profile_corpus(corpus: str | Path, out: str | Path, lm: LoadedModel, cfg: Pr
 
 
 def _bucket_plans(docs: list[Document], out: Path, lm: LoadedModel, prefix_ids: list[int], num_shards: int,
-                  only_shards: set[int] | None, strict: bool, report: ProfileReport) -> list[tuple]:
-    """(bucket, [(document, tokens) to profile], [doc_ids skipped as too long]) of every bucket of this worker
-    not finished yet, in bucket order. Everything is tokenised and length-checked before any model work, so
-    --strict fails up front."""
+                  only_shards: set[int] | None, strict: bool, report: ProfileReport, bad=()) -> list[tuple]:
+    """(bucket, [(document, tokens) to profile], [doc_ids skipped: bad or too long]) of every bucket of this
+    worker not finished yet, in bucket order; report.skip_reasons says why each was skipped. Everything is
+    tokenised and length-checked before any model work, so --strict fails up front (listing every document)."""
     buckets: dict[int, list[Document]] = {}
     for d in docs:
         buckets.setdefault(shard_of(d.doc_id, num_shards), []).append(d)
+    bad_ids: dict[int, list[str]] = {}
+    for b in bad:
+        if b.doc_id:  # a bad document with an id is recorded in its bucket, with its reason
+            bad_ids.setdefault(shard_of(b.doc_id, num_shards), []).append(b.doc_id)
+            report.skip_reasons[b.doc_id] = b.reason
     mine = sorted(s for s in range(num_shards) if only_shards is None or s in only_shards)
 
     todo = []
     for s in mine:
         members = sorted(buckets.get(s, []), key=lambda d: d.doc_id)
-        done = _finished(out / part_name(s), {d.doc_id for d in members})
+        done = _finished(out / part_name(s), {d.doc_id for d in members} | set(bad_ids.get(s, ())))
         if done is not None:
             report.shards_reused += 1
             report.reused += done
@@ -155,7 +175,7 @@ def _bucket_plans(docs: list[Document], out: Path, lm: LoadedModel, prefix_ids: 
             todo.append((s, members))
 
     limit = lm.max_context
-    plans = []
+    plans, too_long = [], []
     for s, members in todo:
         t_tokenize = time.perf_counter()
         tokens = tokenize_documents(lm.tokenizer, members)
@@ -163,14 +183,21 @@ def _bucket_plans(docs: list[Document], out: Path, lm: LoadedModel, prefix_ids: 
         keep, skipped = [], []
         for d, t in zip(members, tokens):
             if len(prefix_ids) + len(t) > limit:
-                if strict:
-                    raise SiftError(f"{d.origin}: document {d.doc_id!r} has {len(t)} tokens; with the "
-                                    f"{len(prefix_ids)}-token prefix that exceeds the model's context of {limit}")
+                reason = (f"longer than the model's context ({len(t)} tokens + the {len(prefix_ids)}-token prefix "
+                          f"> {limit})")
+                too_long.append(f"{d.origin}: document {d.doc_id!r} is {reason}")
+                report.skip_reasons[d.doc_id] = reason
+                report.skipped.append({"doc_id": d.doc_id, "origin": d.origin, "reason": reason})
                 skipped.append(d.doc_id)
             else:
                 keep.append((d, t))
         report.skipped_too_long.extend(skipped)
-        plans.append((s, keep, skipped))
+        plans.append((s, keep, skipped + bad_ids.get(s, [])))
+    if strict and len(too_long) == 1:
+        raise SiftError(f"{too_long[0]} — split it, or run without --strict to skip it")
+    if strict and too_long:
+        raise SiftError(f"{len(too_long)} documents are longer than the model's context of {limit} tokens — split "
+                        f"them, or run without --strict to skip them", too_long)
     return plans
 
 
@@ -197,7 +224,8 @@ def _profile_buckets(plans: list[tuple], out: Path, lm: LoadedModel, cfg: Profil
                         continue
                     rows, done_tokens = profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens)
                     rows += _added_rows(out / part_name(s), {d.doc_id for d, _ in keep} | set(skipped))
-                    shard_meta = {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped)}
+                    shard_meta = {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped),
+                                  "sift.skip_reasons": {d: report.skip_reasons[d] for d in sorted(skipped)}}
                     # written on the writer thread; the claim is released there once the file is in place
                     writer.submit(lambda p=out / part_name(s), r=rows, m=shard_meta: write_shard(p, r, m), held)
                     report.shards_written += 1

@@ -1,4 +1,5 @@
-"""The read side of a shard directory: metadata and documents by id through the manifest (`ShardSet`)."""
+"""The read side of a shard directory: metadata and documents by id through the manifest (`ShardSet`), and why an
+id is absent (skipped at profile time, with its reason, or never profiled)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from ..errors import SiftError
-from .files import ShardFile
+from .files import ShardFile, list_parts, shared_metadata, skipped_documents
 from .format import MANIFEST, decode_metadata, matching_keys
 
 
@@ -21,7 +22,11 @@ class DocRecord:
 
 
 class ShardSet:
-    """Read side of a shard directory: metadata and documents by id through the manifest."""
+    """Read side of a shard directory: metadata and documents by id through the manifest.
+
+    Opening a set checks what `sift inspect` and `sift validate` check first: every part file was made with the same
+    model and settings, and the manifest is theirs (files of different settings mixed in one directory are refused
+    here too, not read with the wrong tile size)."""
 
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
@@ -42,6 +47,39 @@ class ShardSet:
         self._index = {d: (f, r) for d, f, r in zip(table.column("doc_id").to_pylist(),
                                                     table.column("file").to_pylist(),
                                                     table.column("row").to_pylist())}
+        self.skipped = self._check_parts(manifest)
+
+    def _check_parts(self, manifest: Path) -> dict[str, str]:
+        """Refuse part files of other settings and a manifest of other shards; return the documents skipped at
+        profile time (doc_id → reason) as the part files record them. Unreadable files are left to the reads
+        (and `sift validate`)."""
+        files = []
+        for p in list_parts(self.dir):
+            try:
+                files.append(ShardFile.open(p))
+            except SiftError:
+                continue
+        if not files:
+            return {}
+        shared = shared_metadata(files)
+        for key in matching_keys():
+            if self.meta.get(key) != shared.get(key):
+                raise SiftError(f"{manifest}: {key.removeprefix('sift.')} differs from the part files': the manifest "
+                                f"belongs to other shards — run `sift status {self.dir} --finalize` to rewrite it")
+        return skipped_documents(files)
+
+    def skip_reason(self, doc_id: str) -> str | None:
+        """Why `doc_id` was not profiled when this set was made (None: it was, or the corpus had no such id)."""
+        return self.skipped.get(doc_id)
+
+    def absent(self, doc_id: str) -> str:
+        """An error line for an id this set does not hold: skipped at profile time (and why), or not in it."""
+        reason = self.skip_reason(doc_id)
+        if reason is not None:
+            return (f"doc_id {doc_id!r} was skipped when {self.dir} was profiled: {reason} — leave it out of the "
+                    f"prompt, or fix or split the document and profile it again")
+        return (f"doc_id {doc_id!r} is not in the shard set {self.dir} — check the id (`sift ids {self.dir}` lists "
+                f"them) or profile the document first")
 
     @property
     def tile(self) -> int:
@@ -66,9 +104,11 @@ class ShardSet:
 
     def get(self, doc_ids: list[str]) -> list[DocRecord]:
         missing = self.missing(doc_ids)
+        if len(missing) == 1:
+            raise SiftError(self.absent(missing[0]))
         if missing:
-            raise SiftError(f"doc_id {missing[0]!r} is not in the shard set {self.dir}"
-                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            raise SiftError(f"{len(missing)} doc_ids are absent from the shard set {self.dir} — see below why; "
+                            f"`sift ids {self.dir}` lists the set's ids", [self.absent(d) for d in missing])
         found = self.records(doc_ids)
         return [found[d] for d in doc_ids]
 

@@ -119,6 +119,11 @@ def _manifest_problems(directory: Path, files: list[ShardFile], meta: dict) -> l
     if missing:
         out.append(f"{len(missing)} of {num_shards} shards missing (first: {missing[0]}); "
                    f"re-run `sift profile` to finish")
+    expected = {part_name(i) for i in range(num_shards)} | {MANIFEST}
+    for p in sorted(directory.glob("*.parquet")):
+        if p.name not in expected:
+            out.append(f"{p.name}: not a file of this shard set (part-00000..{part_name(num_shards - 1)} and "
+                       f"{MANIFEST}); move it out of the directory")
     if not manifest.is_file():
         return out + [f"{MANIFEST} missing; run `sift status {directory} --finalize`"]
     try:
@@ -129,6 +134,7 @@ def _manifest_problems(directory: Path, files: list[ShardFile], meta: dict) -> l
     for key in matching_keys():
         if mmeta.get(key) != meta.get(key):
             out.append(f"{MANIFEST}: {key} differs from the shard files")
+    out.extend(_recorded_file_problems(directory, mmeta.get("sift.files")))
     indexed = {}
     for d, fname, row in zip(table.column("doc_id").to_pylist(), table.column("file").to_pylist(),
                              table.column("row").to_pylist()):
@@ -144,4 +150,21 @@ def _manifest_problems(directory: Path, files: list[ShardFile], meta: dict) -> l
                    f"run `sift status {directory} --finalize`")
     if extra:
         out.append(f"{MANIFEST}: indexes {len(extra)} documents no shard holds (first: {extra[0]!r})")
+    return out
+
+
+def _recorded_file_problems(directory: Path, recorded) -> list[str]:
+    """The manifest's record of each part file (`sift.files`: name, rows, bytes) against the files."""
+    if not isinstance(recorded, list):
+        return [f"{MANIFEST}: no record of its part files (sift.files); run `sift status {directory} --finalize`"]
+    out = []
+    for r in recorded:
+        p = directory / str(r.get("file"))
+        if not p.is_file():
+            out.append(f"{MANIFEST}: records {r.get('file')}, which is not there; run `sift status {directory} "
+                       f"--finalize`")
+        elif p.stat().st_size != r.get("bytes"):
+            out.append(f"{MANIFEST}: records {p.name} as {r.get('bytes')} bytes, the file has {p.stat().st_size}: it "
+                       f"changed after the manifest was written; run `sift status {directory} --finalize` to index it "
+                       f"again")
     return out

@@ -111,7 +111,7 @@ def test_over_long_documents_are_skipped_or_strict(tmp_path, tiny_lm, small_corp
     assert validate_path(tmp_path / "o")["ok"]
     again = profile_corpus(small_corpus, tmp_path / "o", tiny_lm, CFG)
     assert again.shards_reused == 2  # a skipped document does not make its shard look unfinished
-    with pytest.raises(SiftError, match="huge.*exceeds the model's context"):
+    with pytest.raises(SiftError, match="huge.*longer than the model's context"):
         profile_corpus(small_corpus, tmp_path / "strict", tiny_lm, CFG, strict=True)
     assert not (tmp_path / "strict").exists()
 
