@@ -10,6 +10,7 @@ prompt and replayed; the capture is reported apart from the time to first token.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,8 +30,10 @@ from .errors import SiftError
 from .corpus import Document
 from .layout import PromptBits
 from .missing import check_destination, profile_dense_documents, shard_sets
-from .models import LoadedModel, load_model
+from .models import LoadedModel, load_model, resolve_device
 from .prompt import Prompt, assemble
+from .sample import SAMPLE_QUESTIONS
+from .shards.reader import ShardSet
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,26 @@ class PrefillOptions:
     block_n: int = 64
     query_blocks: str = "segment"  # "segment" or "grid" (block_table.py)
     cuda_graphs: bool = False
-    repeat: int = 3
-    warmup: int = 1
+    repeat: int | None = None  # timed runs of each mode; None: the device's default (`timing_defaults`)
+    warmup: int | None = None  # untimed runs of each mode first; None: the device's default
     max_new_tokens: int = 16
+
+
+def timing_defaults(device) -> dict:
+    """Timed runs and warm-ups of each mode when the caller does not set them: on a GPU the median of 3 runs after
+    1 warm-up (compilation, autotuning and allocation stay out of the timings); on a CPU 1 run and no warm-up, as
+    nothing there needs one and a forward of a long prompt takes minutes (its timings check, they do not
+    benchmark)."""
+    if torch.device(device).type == "cuda":
+        return {"repeat": 3, "warmup": 1}
+    return {"repeat": 1, "warmup": 0}
+
+
+def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
+    """`opts` with the unset timing fields (repeat, warmup) filled in for `device`."""
+    d = timing_defaults(device)
+    return dataclasses.replace(opts, repeat=d["repeat"] if opts.repeat is None else opts.repeat,
+                               warmup=d["warmup"] if opts.warmup is None else opts.warmup)
 
 
 def sync_device(device) -> None:
@@ -278,7 +298,9 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
                 progress=None) -> dict:
     """Dense and SIFT prefill of `prompt`, side by side; returns the report as a plain dict.
 
-    progress: optional callable(done, total) called after every forward."""
+    progress: optional callable(done, total) called after every forward. Unset repeat and warmup take the
+    device's defaults (`timing_defaults`)."""
+    opts = with_device_defaults(opts, lm.device)
     backend = get_backend(opts.backend, lm.device)
     decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
@@ -392,6 +414,7 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
     and SIFT side by side. Documents without bits are dense; with `profile_missing`, the prompt also reads that
     set, and afterwards the documents no set holds are profiled into it for the next prompt."""
     check_options(opts)
+    get_backend(opts.backend, resolve_device(device))  # a bad --backend or --device fails before the model loads
     sets = shard_sets(shards_dir, profile_missing)
     lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
     if profile_missing is not None:
@@ -401,3 +424,17 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
     if profile_missing is not None:
         report["profiled_missing"] = profile_dense_documents(prompt, lm, profile_missing, sets[0]).to_json()
     return report
+
+
+def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int = 2, progress=None) -> list[dict]:
+    """`sift demo-prefill`: the first `n` built-in sample questions (`sample.SAMPLE_QUESTIONS`) over shards of the
+    built-in sample corpus, full recompute and SIFT side by side, with the bundled model. Each report also holds
+    "question" and "expected" (the module that answers it)."""
+    shards = ShardSet(shards_dir)
+    lm = load_model(None, device=device)
+    reports = []
+    for q in SAMPLE_QUESTIONS[:n]:
+        prompt = assemble(shards, lm, list(q.doc_ids), q.question)
+        report = run_prefill(lm, prompt, PrefillOptions(max_new_tokens=q.max_new_tokens), progress=progress)
+        reports.append({**report, "question": q.question, "expected": q.answer})
+    return reports

@@ -55,6 +55,11 @@ def bench_profile(
         print_json(rows)
     else:
         out.print(bp.render(rows))
+    failed = bp.failures(rows)
+    for line in failed:
+        err.print(f"[red]failed[/]: {escape(line)}")
+    if failed:
+        raise typer.Exit(1)
 
 
 @bench_app.command("prefill")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import SiftError
@@ -14,6 +15,8 @@ from .console import err, fmt, human_bytes, out, pct, print_json, progress
 from .options import (AlphaOpt, BackendOpt, BetaOpt, BlockMOpt, BlockNOpt, DataOpt, DeviceOpt, DtypeOpt, GammaOpt,
                       JsonOpt, ModelOpt, PlotOpt, SeedOpt, ThreadsOpt, TileOpt, TilesOpt, WorkOpt)
 from .results import finish
+
+NO_CANDIDATE = 4  # `sift calibrate`'s exit code when no candidate meets the target (docs/cli.md)
 
 eval_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                        pretty_exceptions_enable=False,
@@ -350,7 +353,7 @@ def calibrate(
     else:
         render_calibrate(res)
     if res["chosen"] is None:
-        raise typer.Exit(1)
+        raise typer.Exit(NO_CANDIDATE)
 
 
 def render_calibrate(res: dict) -> None:
@@ -367,8 +370,8 @@ def render_calibrate(res: dict) -> None:
     out.print(t)
     c = res["chosen"]
     if c is None:
-        err.print("[red]no candidate meets the target[/]: loosen it or add denser candidates (smaller α/β/γ); "
-                  "nothing written")
+        err.print(f"[red]no candidate meets the target[/] ({escape(res['target'])}); nothing written: "
+                  f"{escape(res['advice'])}")
         return
     out.print(f"chosen: T={c['tile_size']} α={c['alpha']:g} β={c['beta']:g} γ={c['gamma']:g} — computes "
               f"{pct(c['density'])} of causal attention cells")

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .console import out, pct, print_json
+from .console import out, pct, print_json, progress
 from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
 
 
@@ -25,7 +25,10 @@ def prefill(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
-    repeat: int = typer.Option(3, "--repeat", help="timed runs of each mode (median reported)"),
+    repeat: Optional[int] = typer.Option(None, "--repeat", help="timed runs of each mode, median reported "
+                                                                "(default: 3 on a GPU, 1 on a CPU)"),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="untimed runs of each mode first (default: 1 on a "
+                                                                "GPU, 0 on a CPU)"),
     block_m: int = typer.Option(128, "--block-m", help="query block size"),
     block_n: int = typer.Option(64, "--block-n", help="KV block size (64 or 128)"),
     query_blocks: str = typer.Option("segment", "--query-blocks", help="query blocks cut per segment (segment) or "
@@ -48,7 +51,7 @@ def prefill(
 
     documents, question = read_documents(docs, corpus_format(template=template)), read_query(query)
     opts = PrefillOptions(backend=backend, block_m=block_m, block_n=block_n, query_blocks=query_blocks,
-                          cuda_graphs=cuda_graphs, repeat=repeat, max_new_tokens=max_new_tokens)
+                          cuda_graphs=cuda_graphs, repeat=repeat, warmup=warmup, max_new_tokens=max_new_tokens)
     _run_prefill(shards_dir, documents, question, model, device, dtype, opts, trust_remote_code, online, as_json,
                  profile_missing)
 
@@ -57,8 +60,9 @@ def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_r
                  as_json=False, profile_missing=None):
     from ..prefill import prefill_from_shards
 
-    report = prefill_from_shards(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code, online,
-                                 profile_missing=profile_missing)
+    with progress("prefill", not as_json, unit="forwards") as update:  # on a terminal only
+        report = prefill_from_shards(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code,
+                                     online, progress=update, profile_missing=profile_missing)
     if as_json:
         print_json(report)
     else:
@@ -111,11 +115,18 @@ def demo_prefill(
     device: str = DeviceOpt,
 ):
     """Answer the built-in sample questions from shards of the built-in sample corpus."""
-    from ..sample import SAMPLE_QUESTIONS
+    from ..prefill import sample_prefills
 
-    from ..prefill import PrefillOptions
-
-    for doc_ids, question in SAMPLE_QUESTIONS[:2]:
-        _run_prefill(shards_dir, list(doc_ids), question, None, device, "auto",
-                     PrefillOptions(repeat=1, max_new_tokens=12))
+    with progress("prefill", unit="forwards") as update:
+        reports = sample_prefills(shards_dir, device, progress=update)
+    for r in reports:
+        render_prefill(r, r["question"])
         out.print()
+    same = sum(r["first_token_match"] for r in reports)
+    cells = [r["density"]["cells"] for r in reports]
+    out.print(f"[bold]the check[/]: SIFT's first token equals full recompute's in {same} of {len(reports)} prompts, "
+              f"KL(full ‖ SIFT) at the last position ≤ {max(r['kl'] for r in reports):.1e}, computing "
+              f"{pct(min(cells))}–{pct(max(cells))} of the attention cells (expected answers: "
+              f"{', '.join(r['expected'] for r in reports)})")
+    if reports and reports[0]["dense"]["gpu_ms"] is None:
+        out.print("[dim]On a CPU that agreement is the point; speed-ups need a GPU backend (docs/benchmarks.md).[/]")

@@ -29,8 +29,8 @@ def data_dir(explicit: str | Path | None = None) -> Path:
     for c in candidates:
         if c.is_dir() and ((c / NQ_FILE).is_file() or (c / ESSAY_DIR).is_dir()):
             return c
-    raise SiftError("evaluation data not found: pass --data-dir or set SIFT_DATA_DIR to a folder holding "
-                    f"{NQ_FILE} and/or {ESSAY_DIR}/")
+    raise SiftError("evaluation data not found (sift bundles none) — pass --data-dir or set SIFT_DATA_DIR to a "
+                    f"folder holding {NQ_FILE} and/or {ESSAY_DIR}/")
 
 
 @dataclass(frozen=True)

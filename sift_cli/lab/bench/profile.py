@@ -26,6 +26,7 @@ import random
 import shutil
 import statistics
 import tempfile
+import os
 import time
 import traceback
 from pathlib import Path
@@ -36,6 +37,7 @@ from rich.table import Table
 
 from ...config import resolve_profile_config
 from ...corpus import CorpusFormat, load_documents
+from ...errors import SiftError
 from ...models import load_model, prefix_token_ids, tokenize_documents
 from ...profile.batches import padded_batch, plan_batches
 from ...profile.job import profile_corpus
@@ -138,9 +140,9 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
             log(f"  {model_name} / {case}: profile ({stats}) {rep.tokens_per_second:,.0f} tok/s "
                 f"= {row[f'ratio_{stats}']:.2f} of dense, {rep.shards_written} shards in {rep.seconds:.1f} s")
         except Exception as exc:  # report and go on with the other paths and cases
-            row[f"profile_{stats}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            row[f"profile_{stats}_error"] = _error_text(exc)
             log(f"  {model_name} / {case}: profile ({stats}) FAILED: {row[f'profile_{stats}_error']}")
-            traceback.print_exc()
+            _debug_traceback()
     if len(digests) >= 2:
         a, b = list(digests.values())[:2]
         row["docs_same_bits"] = sum(a[d] == b.get(d) for d in a)
@@ -154,7 +156,18 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                       work_dir=None, log=print, llama=None, llama_config: dict | None = None) -> list[dict]:
     """All cases; a failing case becomes a row with an 'error'. smol: a LoadedModel of SmolLM2 (default: load
     the bundled one). llama: a LoadedModel from `random_llama` to reuse (default: built here from
-    `llama_config`, default Llama-3-8B's). llama_docs: documents per 8B case, e.g. {"8b-2k": 16, "8b-8k": 4}."""
+    `llama_config`, default Llama-3-8B's). llama_docs: documents per 8B case, e.g. {"8b-2k": 16, "8b-8k": 4}.
+
+    What can be checked first is (raising SiftError: one line, exit 2): the cases' names, the device (a CUDA GPU
+    unless device is cpu), the data of the SmolLM2 cases. A case that fails later becomes a row with its error
+    (one line; SIFT_DEBUG=1 prints the traceback)."""
+    unknown = [c for c in cases if c not in ("nq", "essays", "8b-2k", "8b-8k")]
+    if unknown:
+        raise SiftError(f"--cases {','.join(unknown)}: unknown — choose among nq, essays, 8b-2k, 8b-8k")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise SiftError("sift bench profile measures GPU profiling: no CUDA GPU is visible here — run it on a GPU "
+                        "machine, or pass --device cpu for a (slow) CPU measurement")
+    data = find_data(data_dir) if {"nq", "essays"} & set(cases) else None
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="sift-bench-profile-"))
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -167,12 +180,11 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
             rows.append(bench_case(lm, model_name, case, make_records(), work, stats_paths=stats_paths, log=log,
                                    **kw))
         except Exception as exc:
-            traceback.print_exc()
-            rows.append({"model": model_name, "case": case, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            _debug_traceback()
+            rows.append({"model": model_name, "case": case, "error": _error_text(exc)})
 
     if {"nq", "essays"} & set(cases):
         try:
-            data = find_data(data_dir)
             if smol is None:
                 smol = load_model(None, device=device)
             name = "SmolLM2-135M-Instruct"
@@ -181,9 +193,8 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
             if "essays" in cases:
                 attempt(name, "essays", lambda: essay_case_records(data, essay_docs), smol)
         except Exception as exc:
-            traceback.print_exc()
-            rows.append({"model": "SmolLM2-135M-Instruct", "case": "NQ passages / essays",
-                         "error": f"{type(exc).__name__}: {exc}"[:300]})
+            _debug_traceback()
+            rows.append({"model": "SmolLM2-135M-Instruct", "case": "NQ passages / essays", "error": _error_text(exc)})
     llama_cases = [c for c in ("8b-2k", "8b-8k") if c in cases]
     if llama_cases:
         conf = llama_config or LLAMA3_8B_CONFIG
@@ -200,15 +211,36 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                         lambda n_tok=n_tok, case=case: random_id_records(llama_docs[case], n_tok, conf["vocab_size"]),
                         lm, fmt=CorpusFormat(template="{text}"), prefix_text="", repeat=1)
         except Exception as exc:
-            traceback.print_exc()
-            rows.append({"model": LLAMA3_8B_NAME, "case": ", ".join(llama_cases),
-                         "error": f"{type(exc).__name__}: {exc}"[:300]})
+            _debug_traceback()
+            rows.append({"model": LLAMA3_8B_NAME, "case": ", ".join(llama_cases), "error": _error_text(exc)})
         finally:
             if llama is None:
                 del lm
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
     return rows
+
+
+def _error_text(exc: BaseException) -> str:
+    first = (str(exc).splitlines() or [""])[0]
+    return (first if isinstance(exc, SiftError) else f"{type(exc).__name__}: {first}")[:300]
+
+
+def _debug_traceback() -> None:
+    if os.environ.get("SIFT_DEBUG", "") not in ("", "0"):
+        traceback.print_exc()
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """One line per case or statistics path that failed."""
+    out = []
+    for r in rows:
+        where = f"{r.get('model', '')} / {r.get('case', '')}"
+        if "error" in r:
+            out.append(f"{where}: {r['error']}")
+        out.extend(f"{where} ({p}): {r[f'profile_{p}_error']}" for p in ("triton", "torch")
+                   if f"profile_{p}_error" in r)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -232,9 +264,8 @@ def render(rows: list[dict]):
         table.add_column("÷ dense", justify="right")
     table.add_column("same bits", justify="right")
     for r in rows:
-        if "error" in r:
-            table.add_row(r.get("model", ""), r.get("case", ""), "", "", f"[red]{r['error'][:60]}[/]",
-                          *[""] * (2 * len(paths) + 1))
+        if "error" in r:  # the error itself is listed under the table (`failures`)
+            table.add_row(r.get("model", ""), r.get("case", ""), "", "", "[red]failed[/]", *[""] * (2 * len(paths) + 1))
             continue
         cells = [r["model"], r["case"], str(r["docs"]), f"{r['mean_tokens']:.0f}", _fmt_rate(r["dense_tok_s"])]
         for p in paths:

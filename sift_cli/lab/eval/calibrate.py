@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...config_file import FILE_NAME, write_config
-from ...corpus import CorpusFormat
+from ...corpus import CorpusFormat, load_documents
 from ...errors import SiftError
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .backend import eval_backend
 from .prompt_sets import PromptSet, corpus_prompt_set
-from .sweep import GridPoint, SweepContext
+from ...sample import resolve_corpus
+from .sweep import GridPoint, SweepContext, check_points
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,38 @@ def calibrate(lm, pset: PromptSet, points: list[GridPoint], target: Target, back
         c.pop("point")
     return {"target": target.describe(), "chosen": chosen, "evaluated": evaluated, "candidates": candidates,
             "prompt_set": pset.describe(), "backend": backend.name, "block": [block_m, block_n],
-            "dense_tokens": [d["seq_len"] for d in ctx.dense]}
+            "dense_tokens": [d["seq_len"] for d in ctx.dense],
+            "advice": None if chosen is not None else advice(target, evaluated)}
+
+
+def advice(target: Target, evaluated: list[dict]) -> str:
+    """What to do when no candidate met the target, from what was measured: the best each failed measure reached,
+    and whether denser candidates could help (the densest measured computed nearly every cell: then only a
+    looser target can)."""
+    if not evaluated:
+        return "no candidate was evaluated — give candidates with --points or --tiles/--alphas/--betas/--gammas"
+    densest = max(evaluated, key=lambda r: r["density"])
+    reached = []
+    if target.max_kl is not None:
+        best = min(evaluated, key=lambda r: r["kl_mean"])
+        reached.append(f"KL {best['kl_mean']:.2g} at best (target <= {target.max_kl:g}; --max-kl "
+                       f"{best['kl_mean'] * 1.05:.2g} would pass)")
+    if target.min_agreement is not None:
+        best = max(evaluated, key=lambda r: r["first_token_agreement"])
+        reached.append(f"first-token agreement {best['first_token_agreement']:.0%} at best (target >= "
+                       f"{target.min_agreement:.0%})")
+    if target.min_recall is not None:
+        recalls = [r.get("recall") for r in evaluated if r.get("recall") is not None]
+        if recalls:
+            reached.append(f"recall {max(recalls):.2%} at best (target >= {target.min_recall:.2%})")
+    measured = "; ".join(reached)
+    if densest["density"] >= 0.98:
+        return (f"{measured}; the densest candidate already computes {densest['density']:.0%} of the attention "
+                f"cells, so denser ones cannot do much better on this model — loosen the target")
+    return (f"{measured}; the densest candidate computes {densest['density']:.0%} of the cells — loosen the "
+            f"target, or add denser candidates (smaller --alphas, --betas or --gammas than "
+            f"{min(r['alpha'] for r in evaluated):g}, {min(r['beta'] for r in evaluated):g}, "
+            f"{min(r['gamma'] for r in evaluated):g}, or a smaller --tiles)")
 
 
 def read_queries(path: Path | None) -> list[str] | None:
@@ -109,9 +141,15 @@ def calibrate_corpus(model: ModelSpec, corpus: str, points: list[GridPoint], tar
     """`sift calibrate`: the sparsest point meeting `target` on prompts sampled from `corpus`, written to
     `config_out` (sift.toml, which `sift profile` reads) unless `dry_run`; res["config"] is the file written."""
     target.check()
+    check_points(points)
     qs = read_queries(queries)
+    docs = load_documents(resolve_corpus(corpus), fmt)  # the corpus is checked before the model loads
+    if len(docs) < docs_per_prompt:
+        raise SiftError(f"{corpus}: {len(docs)} documents, fewer than --docs-per-prompt {docs_per_prompt} — lower "
+                        f"--docs-per-prompt")
     lm = model.load()
-    pset = corpus_prompt_set(corpus, fmt, n_prompts, docs_per_prompt, qs, seed)
+    pset = corpus_prompt_set(docs, fmt, n_prompts, docs_per_prompt, qs, seed, lm=lm)  # prompts fit the context
+    pset.source = str(corpus)
     with progress_bar("calibrating") as prog:
         res = calibrate(lm, pset, points, target, eval_backend(backend, lm.device), block_m, block_n, max_new_tokens,
                         progress=prog)

@@ -18,7 +18,8 @@ from pathlib import Path
 from ...config import ProfileConfig
 from ...corpus import CorpusFormat, Document, load_documents, render
 from ...errors import SiftError
-from ...models import DEFAULT_INSTRUCTION, LoadedModel, cache_dir
+from ...models import (DEFAULT_INSTRUCTION, LoadedModel, cache_dir, prefix_token_ids, suffix_token_ids,
+                       tokenize_documents)
 from ...profile.job import profile_corpus
 from ...prompt import Prompt, prompt_from_shards
 from ...shards.reader import ShardSet
@@ -117,20 +118,40 @@ def builtin_prompt_set(data: str, data_dir, n_docs: int, n_prompts: int, seed: i
     raise SiftError(f"--data {data}: expected nq or essays")
 
 
-def corpus_prompt_set(corpus: str | Path, fmt: CorpusFormat, n_prompts: int, docs_per_prompt: int,
-                      queries: list[str] | None = None, seed: int = 0) -> PromptSet:
-    """Random prompts over the user's own corpus: `docs_per_prompt` distinct documents each, a query from
-    `queries` (or generic ones)."""
-    docs = load_documents(corpus, fmt)
+def corpus_prompt_set(corpus: str | Path | list[Document], fmt: CorpusFormat, n_prompts: int, docs_per_prompt: int,
+                      queries: list[str] | None = None, seed: int = 0, lm: LoadedModel | None = None) -> PromptSet:
+    """Random prompts over the user's own corpus (a path, or its documents already read): `docs_per_prompt`
+    distinct documents each, a query from `queries` (or generic ones).
+
+    With `lm`, every prompt fits the model's context: documents that cannot fit even alone (with the prefix and
+    the longest question) are not sampled, and a prompt whose sample would be too long keeps the documents that
+    fit, so it has fewer than `docs_per_prompt`. Prompts are checked here, before any model pass."""
+    docs = corpus if isinstance(corpus, list) else load_documents(corpus, fmt)
+    source = str(corpus) if not isinstance(corpus, list) else "documents"
     if len(docs) < docs_per_prompt:
-        raise SiftError(f"{corpus}: {len(docs)} documents, fewer than --docs-per-prompt {docs_per_prompt}")
-    rng = random.Random(seed)
+        raise SiftError(f"{source}: {len(docs)} documents, fewer than --docs-per-prompt {docs_per_prompt} — lower "
+                        f"--docs-per-prompt")
     queries = list(queries or GENERIC_QUERIES)
+    fits, budget = (lambda ids: True), None
+    if lm is not None:
+        lengths = dict(zip([d.doc_id for d in docs], map(len, tokenize_documents(lm.tokenizer, docs))))
+        budget = lm.max_context - len(prefix_token_ids(lm.tokenizer)) - max(
+            len(suffix_token_ids(lm.tokenizer, q)) for q in queries)
+        fitting = [d for d in docs if lengths[d.doc_id] <= budget]
+        if not fitting:
+            raise SiftError(f"{source}: no document fits the model's context of {lm.max_context} tokens with the "
+                            f"prompt's prefix and question (the shortest has {min(lengths.values())} tokens) — "
+                            f"calibrate on shorter documents, or split them")
+        docs = fitting
+        fits = lambda ids: sum(lengths[i] for i in ids) <= budget  # noqa: E731
+    rng = random.Random(seed)
     prompts = []
     for i in range(n_prompts):
-        picked = rng.sample(range(len(docs)), docs_per_prompt)
-        prompts.append(PromptSpec(tuple(docs[j].doc_id for j in picked), queries[i % len(queries)]))
-    return PromptSet("corpus", {d.doc_id: d for d in docs}, prompts, source=str(corpus))
+        picked = [docs[j].doc_id for j in rng.sample(range(len(docs)), min(docs_per_prompt, len(docs)))]
+        while not fits(picked):  # fewer documents rather than a prompt longer than the context
+            picked.pop()
+        prompts.append(PromptSpec(tuple(picked), queries[i % len(queries)]))
+    return PromptSet("corpus", {d.doc_id: d for d in docs}, prompts, source=source)
 
 
 def read_prompt_file(path: str | Path) -> list[PromptSpec]:

@@ -33,6 +33,7 @@ from ...block_lists import cell_density, mean_densities
 from ...config import resolve_profile_config
 from ...errors import SiftError
 from ...prefill import PrefillOptions, compare_logits, dense_prefill, greedy_generate, sparse_prefill
+from ..datasets import data_dir as find_data
 from ..runs import ModelSpec, ProgressBar, append_result, no_progress, read_results, run_metadata
 from .backend import eval_backend
 from .kvreuse import cacheblend_prefill, inv_freq_of, is_llama_family, kv_reuse_prefill, reused_kv, standalone_kv
@@ -213,6 +214,11 @@ def qa_report(model: ModelSpec, records: Path | None = None, nq: bool = False, s
         raise SiftError("--blend-mask must be causal or bottom-right")
     if not 0 < ratio <= 1:
         raise SiftError("--recompute-ratio must be in (0, 1]")
+    if nq:  # the data (or the records file) is looked for before the model loads
+        find_data(data_dir)
+    elif not Path(records).is_file():
+        raise SiftError(f"QA records file not found: {records} — give a .jsonl of {{question, answers, ctxs}}, or "
+                        f"--nq")
     lm = model.load()
     cfg = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma}).profile
     be = eval_backend(backend, lm.device)

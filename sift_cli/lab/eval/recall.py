@@ -228,19 +228,21 @@ def recall_report(model: ModelSpec, shards: Path | None = None, prompts: Path | 
     built-in prompt set (`data`: nq or essays, profiled here at the given thresholds)."""
     if (shards is None) == (data is None):
         raise SiftError("give either --shards DIR --prompts FILE, or --data nq|essays")
+    if data is not None:  # the data, the shards and the prompts are read before the model loads
+        pset = builtin_prompt_set(data, data_dir, n_docs, n_prompts, seed, docs_per_prompt, words)
+    else:
+        if prompts is None:
+            raise SiftError("--shards needs --prompts FILE — give the prompts as JSONL of {\"doc_ids\": [...], "
+                            "\"question\": ...}")
+        sh, specs = ShardSet(shards), read_prompt_file(prompts)
+        source = {"shards": str(shards), "prompts": str(prompts)}
+        alpha, beta = float(sh.meta["sift.alpha"]), float(sh.meta["sift.beta"])
     lm = model.load()
     if data is not None:
-        pset = builtin_prompt_set(data, data_dir, n_docs, n_prompts, seed, docs_per_prompt, words)
         cfg = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma}).profile
         with progress_bar("profiling") as prog:
             sh = ensure_shards(pset, lm, cfg, work, progress=prog)
         specs, source = pset.prompts, pset.describe()
-    else:
-        if prompts is None:
-            raise SiftError("--shards needs --prompts FILE")
-        sh, specs = ShardSet(shards), read_prompt_file(prompts)
-        source = {"shards": str(shards), "prompts": str(prompts)}
-        alpha, beta = float(sh.meta["sift.alpha"]), float(sh.meta["sift.beta"])
     built = [compose(sh, lm, s) for s in specs]
     with progress_bar("recall") as prog:
         res = run_recall(lm, built, alpha, beta, block_m, block_n, progress=prog)

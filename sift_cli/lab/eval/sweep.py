@@ -21,7 +21,7 @@ from ...bits import pack_doc
 from ...block_lists import decode_layer, mean_densities
 from ...block_table import BlockTable
 from ...config import device_defaults
-from ...corpus import CorpusFormat
+from ...corpus import CorpusFormat, load_documents
 from ...errors import SiftError
 from ...models import prefix_token_ids, tokenize_documents
 from ...prefill import PrefillOptions, compare_logits, dense_prefill, greedy_generate, sparse_prefill
@@ -211,9 +211,13 @@ def sweep_report(model: ModelSpec, points: list[GridPoint], data: str | None = N
     """`sift eval sweep`: every grid point on a built-in prompt set (`data`) or prompts sampled from `corpus`."""
     if (data is None) == (corpus is None):
         raise SiftError("give --data nq|essays or --corpus PATH")
+    check_points(points)  # the points, the data and the corpus are checked before the model loads
+    pset = builtin_prompt_set(data, data_dir, n_docs, n_prompts, seed, docs_per_prompt, words) if data else None
+    docs = load_documents(corpus, CorpusFormat()) if corpus else None
     lm = model.load()
-    pset = builtin_prompt_set(data, data_dir, n_docs, n_prompts, seed, docs_per_prompt, words) if data else \
-        corpus_prompt_set(corpus, CorpusFormat(), n_prompts, docs_per_prompt, None, seed)
+    if corpus:
+        pset = corpus_prompt_set(docs, CorpusFormat(), n_prompts, docs_per_prompt, None, seed, lm=lm)
+        pset.source = str(corpus)
     with progress_bar("sweep") as prog:
         res = run_sweep(lm, pset, points, eval_backend(backend, lm.device), block_m, block_n, max_new_tokens, recall,
                         progress=prog)
