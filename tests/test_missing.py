@@ -195,3 +195,23 @@ def test_prefill_cli_reads_documents_as_files_and_jsonl(tmp_path, tiny_ckpt, par
     docs.write_text("doc03\nunknown-id\n")
     code, _, err = run(capsys, *args)
     assert_one_line_error(code, err, "'unknown-id' is not in", "no text was given")
+
+
+def test_ids_and_status_say_which_prompt_ids_are_missing(tmp_path, partial_set, capsys):
+    from .cli.test_cli import run
+
+    docs = tmp_path / "prompt.jsonl"
+    docs.write_text("\n".join(json.dumps(r) for r in [{"id": "doc03"}, {"id": "doc05", "text": "Foxes."},
+                                                      {"id": "doc08"}, {"id": "doc03"}]) + "\n")
+    code, stdout, err = run(capsys, "ids", partial_set.dir, "--docs", docs)
+    assert code == 0, err
+    assert [ln.split("\t")[:2] for ln in stdout.strip().splitlines()] == [["doc03", "profiled"], ["doc05", "absent"],
+                                                                          ["doc08", "absent"]]
+    assert "2 of the 3 ids the prompt names are missing" in err and "1 given as text" in err
+    code, stdout, _ = run(capsys, "ids", partial_set.dir, "--docs", docs, "--json")
+    p = json.loads(stdout)["prompt"]
+    assert (p["named"], p["missing"], p["missing_ids"], p["with_text"]) == (3, 2, ["doc05", "doc08"], ["doc05"])
+    code, stdout, _ = run(capsys, "status", partial_set.dir, "--docs", docs)
+    assert code == 0 and "2 of the 3 ids the prompt names are missing" in stdout and "doc05, doc08" in stdout
+    code, stdout, _ = run(capsys, "status", partial_set.dir, "--docs", docs, "--json")
+    assert json.loads(stdout)["prompt"]["missing"] == 2

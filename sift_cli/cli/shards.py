@@ -12,6 +12,9 @@ from rich.table import Table
 from .console import err, human_bytes, out, pct, print_json, print_plain
 from .options import JsonOpt
 
+DocsOpt = typer.Option(None, "--docs", help="a prompt's documents (as for sift prefill --docs): say which of its "
+                                            "ids the set lacks")
+
 
 def inspect(
     path: Path = typer.Argument(..., help="a shard file or a shard directory"),
@@ -76,13 +79,18 @@ def validate(
 def status(
     path: Path = typer.Argument(..., help="a shard directory"),
     finalize: bool = typer.Option(False, "--finalize", help="write the manifest when every shard is done"),
+    docs: Optional[Path] = DocsOpt,
     as_json: bool = JsonOpt,
 ):
     """Which shards of a directory are done, in progress (held by a live worker) and missing; --finalize writes
-    the manifest (and removes leftover lock and temporary files)."""
+    the manifest (and removes leftover lock and temporary files); --docs: which of a prompt's ids it lacks."""
+    from ..shards.ids import doc_id_listing
     from ..shards.status import shard_status
 
     result = shard_status(path, finalize)
+    prompt = _prompt_ids(doc_id_listing(path), docs)
+    if prompt is not None:
+        result["prompt"] = {k: v for k, v in prompt.items() if k != "entries"}
     n, missing, running, bad = result["num_shards"], result["missing"], result["running"], result["bad"]
     if as_json:
         print_json(result)
@@ -94,6 +102,9 @@ def status(
             err.print(f"  [yellow]{escape(b['file'])}[/]: {escape(b['problem'])} — not done; re-run `sift profile` "
                       f"with the same arguments to redo it")
         _print_worker_runs(result.get("workers") or [])
+        if prompt is not None:
+            out.print(escape(_prompt_line(prompt, path)
+                             + (f": {', '.join(prompt['missing_ids'][:10])}" if prompt["missing"] else "")))
     if missing:
         raise typer.Exit(3)
 
@@ -124,20 +135,48 @@ def _print_worker_runs(records: list[dict], limit: int = 8) -> None:
 
 def ids(
     path: Path = typer.Argument(..., help="a shard file or a shard directory (finished or not)"),
+    docs: Optional[Path] = DocsOpt,
     as_json: bool = JsonOpt,
 ):
     """Every doc_id of a shard set with its status: profiled (file, tokens) or skipped at profile time (and why).
-    One tab-separated line per id on stdout; the counts on stderr."""
+    One tab-separated line per id on stdout; the counts on stderr. With --docs, only the prompt's ids (absent:
+    never seen)."""
     from ..shards.ids import doc_id_listing
 
     listing = doc_id_listing(path)
+    prompt = _prompt_ids(listing, docs)
     if as_json:
-        print_json(listing)
+        print_json(listing if prompt is None else {**{k: v for k, v in listing.items() if k != "documents"},
+                                                   "prompt": prompt})
         return
+    rows = listing["documents"] if prompt is None else prompt["entries"]
     print_plain(f"{r['doc_id']}\t{r['status']}\t"
-                + (f"{r['file']}\t{r['n_tokens']} tokens" if r["status"] == "profiled" else r["reason"])
-                for r in listing["documents"])
-    err.print(f"{listing['profiled']} profiled, {listing['skipped']} skipped, in {listing['files']} files")
+                + (f"{r['file']}\t{r['n_tokens']} tokens" if r["status"] == "profiled" else r.get("reason", ""))
+                for r in rows)
+    if prompt is None:
+        err.print(f"{listing['profiled']} profiled, {listing['skipped']} skipped, in {listing['files']} files")
+    else:
+        err.print(_prompt_line(prompt, path))
+
+
+def _prompt_ids(listing: dict, docs: Optional[Path]) -> dict | None:
+    if docs is None:
+        return None
+    from ..corpus import Document
+    from ..prompt import read_documents
+    from ..shards.ids import prompt_ids_report
+
+    entries = read_documents(docs)
+    names = [d.doc_id if isinstance(d, Document) else d for d in entries]
+    return prompt_ids_report(listing, names, {d.doc_id for d in entries if isinstance(d, Document)})
+
+
+def _prompt_line(p: dict, path) -> str:
+    line = f"{p['missing']} of the {p['named']} ids the prompt names are missing from {path}"
+    if p["missing"]:
+        line += f" ({p['skipped']} skipped at profile time, {p['absent']} never profiled"
+        line += f"; {len(p['with_text'])} given as text, computed densely)" if p["with_text"] else ")"
+    return line
 
 
 def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):
