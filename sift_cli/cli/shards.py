@@ -88,7 +88,7 @@ def status(
     from ..shards.status import shard_status
 
     result = shard_status(path, finalize)
-    prompt = _prompt_ids(doc_id_listing(path), docs)
+    prompt = _prompt_ids(doc_id_listing(path), docs) if docs is not None else None
     if prompt is not None:
         result["prompt"] = {k: v for k, v in prompt.items() if k != "entries"}
     n, missing, running, bad = result["num_shards"], result["missing"], result["running"], result["bad"]
