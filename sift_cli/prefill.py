@@ -14,7 +14,6 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -23,17 +22,14 @@ from .attention.backends import get_backend
 from .attention.base import BlockLists
 from .attention.cuda import CudaBackend
 from .attention.integration import SparsePlan, prepare_plan, sparse_attention
-from .block_lists import cell_density, cells_of_documents, cells_over_allowed, computed_cells, decode_layer
-from .block_table import QUERY_BLOCKS, BlockTable
+from .block_lists import decode_layer
+from .block_table import BlockTable
 from .cuda.decode import CudaDecoder
 from .errors import SiftError
-from .corpus import Document
 from .layout import PromptBits
-from .missing import check_destination, profile_dense_documents, shard_sets
-from .models import LoadedModel, load_model, resolve_device
-from .prompt import Prompt, assemble
-from .sample import SAMPLE_QUESTIONS
-from .shards.reader import ShardSet
+from .models import LoadedModel
+from .prefill_report import compare_logits, density_report, greedy_generate
+from .prompt import Prompt
 
 
 @dataclass(frozen=True)
@@ -237,47 +233,6 @@ class GraphedPrefill:
         return self.logits, self.past
 
 
-def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict:
-    logp = torch.log_softmax(dense.double(), -1)
-    logq = torch.log_softmax(sparse.double(), -1)
-    kl = float((logp.exp() * (logp - logq)).sum())
-    return {"first_token_match": int(dense.argmax()) == int(sparse.argmax()),
-            "max_abs_logit_diff": float((dense - sparse).abs().max()), "kl": max(kl, 0.0),
-            "dense_first_token": int(dense.argmax()), "sift_first_token": int(sparse.argmax())}
-
-
-def density_report(block_lists: list[BlockLists], bits: PromptBits | None = None) -> dict:
-    per_layer = [{"layer": i, "blocks": b.density(), "cells": cell_density(b)} for i, b in enumerate(block_lists)]
-    computed = sum(b.computed_blocks() for b in block_lists)
-    causal = sum(b.causal_blocks() for b in block_lists)
-    report = {"blocks": computed / causal, "cells": sum(r["cells"] for r in per_layer) / len(per_layer),
-              "computed_blocks": computed, "causal_blocks": causal, "per_layer": per_layer}
-    if bits is not None:
-        bits = bits.to(block_lists[0].offsets.device)
-        report["cells_over_allowed"] = cells_over_allowed(bits, block_lists)
-        dense = bits.dense_docs()
-        if dense:  # what the documents without bits cost: their share of the computed cells
-            report["dense_docs_cells_share"] = (sum(cells_of_documents(b, bits, dense) for b in block_lists)
-                                                / max(1, sum(computed_cells(b) for b in block_lists)))
-    return report
-
-
-@torch.inference_mode()
-def greedy_generate(lm: LoadedModel, logits: torch.Tensor, past, max_new_tokens: int) -> list[int]:
-    """Dense greedy generation from a prefilled KV cache."""
-    tokens = []
-    eos = lm.model.config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    for _ in range(max_new_tokens):
-        tok = int(logits.argmax())
-        tokens.append(tok)
-        if tok in eos:
-            break
-        out = lm.model(input_ids=torch.tensor([[tok]], device=lm.device), past_key_values=past, use_cache=True)
-        logits, past = out.logits[0, -1].float(), out.past_key_values
-    return tokens
-
-
 def _timing_json(runs: list[Timing]) -> dict:
     med = statistics.median
     out = {"ttft_ms": med(t.wall_ms for t in runs), "runs_ms": [t.wall_ms for t in runs],
@@ -397,44 +352,3 @@ def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
                         transfer_ms, sift.plan.block_lists),
             "dense_capture_ms": dense.capture_ms, "sift_capture_ms": sift.capture_ms,
             "equal_eager": bool(torch.equal(eager.logits, s_logits))}
-
-
-def check_options(opts: PrefillOptions) -> None:
-    if opts.block_n not in (64, 128) or opts.block_m not in (64, 128, 192, 256):
-        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256")
-    if opts.query_blocks not in QUERY_BLOCKS:
-        raise SiftError(f"--query-blocks must be one of {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
-
-
-def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], query: str, model: str | None = None,
-                        device: str | None = "auto", dtype: str | None = "auto", opts: PrefillOptions = PrefillOptions(),
-                        trust_remote_code: bool = False, online: bool = False, progress=None,
-                        profile_missing: str | Path | None = None) -> dict:
-    """`sift prefill`: the prompt of `docs` (ids, or texts: `corpus.Document`) and `query` from a shard set, dense
-    and SIFT side by side. Documents without bits are dense; with `profile_missing`, the prompt also reads that
-    set, and afterwards the documents no set holds are profiled into it for the next prompt."""
-    check_options(opts)
-    get_backend(opts.backend, resolve_device(device))  # a bad --backend or --device fails before the model loads
-    sets = shard_sets(shards_dir, profile_missing)
-    lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
-    if profile_missing is not None:
-        check_destination(profile_missing, sets[0], lm)
-    prompt = assemble(sets, lm, docs, query)
-    report = run_prefill(lm, prompt, opts, progress=progress)
-    if profile_missing is not None:
-        report["profiled_missing"] = profile_dense_documents(prompt, lm, profile_missing, sets[0]).to_json()
-    return report
-
-
-def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int = 2, progress=None) -> list[dict]:
-    """`sift demo-prefill`: the first `n` built-in sample questions (`sample.SAMPLE_QUESTIONS`) over shards of the
-    built-in sample corpus, full recompute and SIFT side by side, with the bundled model. Each report also holds
-    "question" and "expected" (the module that answers it)."""
-    shards = ShardSet(shards_dir)
-    lm = load_model(None, device=device)
-    reports = []
-    for q in SAMPLE_QUESTIONS[:n]:
-        prompt = assemble(shards, lm, list(q.doc_ids), q.question)
-        report = run_prefill(lm, prompt, PrefillOptions(max_new_tokens=q.max_new_tokens), progress=progress)
-        reports.append({**report, "question": q.question, "expected": q.answer})
-    return reports

@@ -16,7 +16,8 @@ from sift_cli.config import ProfileConfig
 from sift_cli.corpus import Document, load_documents
 from sift_cli.errors import SiftError
 from sift_cli.missing import missing_ids, profile_config_of
-from sift_cli.prefill import PrefillOptions, dense_prefill, prefill_from_shards, run_prefill, sparse_prefill
+from sift_cli.prefill import PrefillOptions, dense_prefill, run_prefill, sparse_prefill
+from sift_cli.prefill_job import prefill_from_shards
 from sift_cli.profile.additions import add_documents
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import NOT_PROFILED, TEXT_DIFFERS, assemble

@@ -58,7 +58,7 @@ def prefill(
 
 def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code=False, online=False,
                  as_json=False, profile_missing=None):
-    from ..prefill import prefill_from_shards
+    from ..prefill_job import prefill_from_shards
 
     with progress("prefill", not as_json, unit="forwards") as update:  # on a terminal only
         report = prefill_from_shards(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code,
@@ -115,7 +115,7 @@ def demo_prefill(
     device: str = DeviceOpt,
 ):
     """Answer the built-in sample questions from shards of the built-in sample corpus."""
-    from ..prefill import sample_prefills
+    from ..prefill_job import sample_prefills
 
     with progress("prefill", unit="forwards") as update:
         reports = sample_prefills(shards_dir, device, progress=update)

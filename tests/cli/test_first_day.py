@@ -16,13 +16,13 @@ from .test_cli import assert_one_line_error, run
 def no_model(monkeypatch):
     """Fail the test if a command loads a model."""
     import sift_cli.launch.worker as worker
-    import sift_cli.prefill as prefill
+    import sift_cli.prefill_job as prefill_job
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the inputs were checked")
 
     monkeypatch.setattr(worker, "load_model", refuse)
-    monkeypatch.setattr(prefill, "load_model", refuse)
+    monkeypatch.setattr(prefill_job, "load_model", refuse)
 
 
 def test_profile_checks_flags_paths_and_corpus_before_the_model(tmp_path, small_corpus, capsys, no_model):

@@ -24,7 +24,8 @@ from ...config import device_defaults
 from ...corpus import CorpusFormat, load_documents
 from ...errors import SiftError
 from ...models import prefix_token_ids, tokenize_documents
-from ...prefill import PrefillOptions, compare_logits, dense_prefill, greedy_generate, sparse_prefill
+from ...prefill import PrefillOptions, dense_prefill, sparse_prefill
+from ...prefill_report import compare_logits, greedy_generate
 from ...prompt import build_prompt
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .backend import eval_backend

@@ -1,0 +1,59 @@
+"""`sift prefill` and `sift demo-prefill` as jobs: options checked, shard sets opened and the model loaded, the
+prompt assembled (documents by id or as text), the report of `prefill.run_prefill`, and with `profile_missing`
+the documents no set holds profiled for the next prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .attention.backends import get_backend
+from .block_table import QUERY_BLOCKS
+from .corpus import Document
+from .errors import SiftError
+from .missing import check_destination, profile_dense_documents, shard_sets
+from .models import load_model, resolve_device
+from .prefill import PrefillOptions, run_prefill
+from .prompt import assemble
+from .sample import SAMPLE_QUESTIONS
+from .shards.reader import ShardSet
+
+
+def check_options(opts: PrefillOptions) -> None:
+    if opts.block_n not in (64, 128) or opts.block_m not in (64, 128, 192, 256):
+        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256")
+    if opts.query_blocks not in QUERY_BLOCKS:
+        raise SiftError(f"--query-blocks must be one of {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
+
+
+def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], query: str, model: str | None = None,
+                        device: str | None = "auto", dtype: str | None = "auto", opts: PrefillOptions = PrefillOptions(),
+                        trust_remote_code: bool = False, online: bool = False, progress=None,
+                        profile_missing: str | Path | None = None) -> dict:
+    """`sift prefill`: the prompt of `docs` (ids, or texts: `corpus.Document`) and `query` from a shard set, dense
+    and SIFT side by side. Documents without bits are dense; with `profile_missing`, the prompt also reads that
+    set, and afterwards the documents no set holds are profiled into it for the next prompt."""
+    check_options(opts)
+    get_backend(opts.backend, resolve_device(device))  # a bad --backend or --device fails before the model loads
+    sets = shard_sets(shards_dir, profile_missing)
+    lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
+    if profile_missing is not None:
+        check_destination(profile_missing, sets[0], lm)
+    prompt = assemble(sets, lm, docs, query)
+    report = run_prefill(lm, prompt, opts, progress=progress)
+    if profile_missing is not None:
+        report["profiled_missing"] = profile_dense_documents(prompt, lm, profile_missing, sets[0]).to_json()
+    return report
+
+
+def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int = 2, progress=None) -> list[dict]:
+    """`sift demo-prefill`: the first `n` built-in sample questions (`sample.SAMPLE_QUESTIONS`) over shards of the
+    built-in sample corpus, full recompute and SIFT side by side, with the bundled model. Each report also holds
+    "question" and "expected" (the module that answers it)."""
+    shards = ShardSet(shards_dir)
+    lm = load_model(None, device=device)
+    reports = []
+    for q in SAMPLE_QUESTIONS[:n]:
+        prompt = assemble(shards, lm, list(q.doc_ids), q.question)
+        report = run_prefill(lm, prompt, PrefillOptions(max_new_tokens=q.max_new_tokens), progress=progress)
+        reports.append({**report, "question": q.question, "expected": q.answer})
+    return reports
