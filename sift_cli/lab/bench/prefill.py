@@ -110,8 +110,13 @@ def _device_name(dev) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def _first_line(exc: Exception, limit: int = 200) -> str:
+    lines = str(exc).splitlines()
+    return lines[0][:limit] if lines else ""
+
+
 def _error(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
 # ---- one case --------------------------------------------------------------------------------------------------
@@ -183,7 +188,7 @@ class _CaseRun:
                 kernel, impl = attempt
                 break
             except RuntimeError as exc:
-                self.log(f"  dense SDPA with {attempt}: {str(exc).splitlines()[0][:120]}")
+                self.log(f"  dense SDPA with {attempt}: {_first_line(exc, 120)}")
                 torch.cuda.empty_cache() if dev.type == "cuda" else None
 
         def dense():
@@ -408,7 +413,7 @@ def _run_cases(cases, emit, out_of_time, log, host_kv_for=None, empty_cache: boo
             emit(run_case(case, host_kv=host_kv, log=log, **case_kw))
         except Exception as exc:  # one case failing must not lose the others
             emit([{"model": case.label, "pattern": case.pattern, "tokens": len(case.input_ids), "mode": "all",
-                   "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}])
+                   "error": _error(exc)}])
             log(f"  case {len(case.input_ids)} failed: {exc}")
         if empty_cache:
             torch.cuda.empty_cache()
