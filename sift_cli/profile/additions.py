@@ -4,7 +4,8 @@ The same path as `sift profile`, bucket by bucket: each document goes to the buc
 that bucket's claim, the writer reads the bucket's file, profiles the documents it lacks with the job's own
 batching (`profile_rows`, so the bits are the ones `sift profile` writes), and replaces the file atomically with
 the old rows plus the new ones. The manifest is then rewritten under the set's index lock, so concurrent writers
-(other prompts, other processes, a running `sift profile`) leave every file whole and the last manifest complete.
+(other prompts, other processes, a running `sift profile`) leave every file whole and the last manifest complete;
+nothing written, the manifest is left as it is.
 
 The shard set keeps its thresholds, tile, prompt prefix, model and bucket count: a set made with other ones is
 refused. A new directory gets `NEW_SET_SHARDS` buckets, all written (empty ones too) so it is a finished set.
@@ -21,8 +22,8 @@ from ..corpus import Document
 from ..errors import SiftError
 from ..launch.claims import BucketClaims
 from ..models import LoadedModel, tokenize_documents
-from ..shards.files import ShardFile, write_manifest, write_shard
-from ..shards.format import part_name, shard_of, token_sha256
+from ..shards.files import ShardFile, skipped_documents, write_manifest, write_shard
+from ..shards.format import MANIFEST, part_name, shard_of, token_sha256
 from .job import check_compatible, profile_rows, shard_metadata
 
 NEW_SET_SHARDS = 8  # a set that grows a prompt at a time: small files, few rewritten per addition
@@ -63,24 +64,28 @@ def add_documents(out: str | Path, docs: list[Document], lm: LoadedModel, cfg: P
     buckets: dict[int, list[Document]] = {s: [] for s in range(num_shards) if not (out / part_name(s)).is_file()}
     for d in docs:
         buckets.setdefault(shard_of(d.doc_id, num_shards), []).append(d)
+    wrote = False
     for s, members in sorted(buckets.items()):
         with claims.claim(s, wait=True):
-            _add_to_bucket(out, s, members, tokens, lm, cfg, prefix_ids, meta, report)
-    with claims.index_lock():
-        report.manifest = str(write_manifest(out))
+            wrote |= _add_to_bucket(out, s, members, tokens, lm, cfg, prefix_ids, meta, report)
+    if wrote or not (out / MANIFEST).is_file():
+        with claims.index_lock():
+            write_manifest(out)
+    report.manifest = str(out / MANIFEST)
     report.seconds = time.perf_counter() - t0
     return report
 
 
 def _add_to_bucket(out: Path, s: int, members: list[Document], tokens: dict, lm: LoadedModel, cfg: ProfileConfig,
-                   prefix_ids: list[int], meta: dict, report: AddReport) -> None:
-    """Holding bucket s's claim: its file's rows plus the members it lacks, written atomically."""
+                   prefix_ids: list[int], meta: dict, report: AddReport) -> bool:
+    """Holding bucket s's claim: its file's rows plus the members it lacks, written atomically (the documents
+    skipped at profile time stay recorded with their reasons). Returns whether the file was written."""
     path = out / part_name(s)
-    rows, skipped = [], []
+    rows, skipped = [], {}
     if path.is_file():
         shard = ShardFile.open(path)
         rows = shard.read().to_pylist()
-        skipped = list(shard.meta.get("sift.skipped") or [])
+        skipped = skipped_documents([shard])
     stored = {r["doc_id"]: r["token_sha256"] for r in rows}
     keep = []
     for d in members:
@@ -92,10 +97,12 @@ def _add_to_bucket(out: Path, s: int, members: list[Document], tokens: dict, lm:
         else:
             keep.append((d, t))
     if path.is_file() and not keep:
-        return
+        return False
     new_rows, _ = profile_rows(keep, lm, cfg, prefix_ids, None, 0, 0)
-    skipped = sorted(set(skipped) - {d.doc_id for d, _ in keep})
-    write_shard(path, rows + new_rows, {**meta, "sift.shard_index": s, "sift.skipped": skipped})
+    skipped = {d: why for d, why in skipped.items() if d not in {k.doc_id for k, _ in keep}}
+    write_shard(path, rows + new_rows, {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped),
+                                        "sift.skip_reasons": skipped})
     report.added.extend(d.doc_id for d, _ in keep)
     report.tokens += sum(len(t) for _, t in keep)
+    return True
 
