@@ -86,13 +86,14 @@ def block_mask_for_layer(bits: PromptBits, layer: int, table: BlockTable) -> tor
     k_first = table.kv_start.long()
     k_doc = table.kv_doc.long()
     mask = torch.zeros(H, M, N, dtype=torch.bool, device=device)
+    dense_docs = bits.dense_docs()
 
     # Dense rows (prefix, suffix, dense documents): keys up to the block's last dense row.
     dense_last = torch.full((M,), -1, dtype=torch.int64, device=device)
     if lay.prefix_len:
         in_prefix = q_first < lay.prefix_len
         dense_last = torch.where(in_prefix, torch.clamp(q_last, max=lay.prefix_len - 1), dense_last)
-    for d in bits.dense_docs():
+    for d in dense_docs:
         span = lay.docs[d]
         holds = (q_first < span.end) & (q_last >= span.start)
         dense_last = torch.where(holds, torch.maximum(dense_last, torch.clamp(q_last, max=span.end - 1)),
@@ -120,7 +121,6 @@ def block_mask_for_layer(bits: PromptBits, layer: int, table: BlockTable) -> tor
     mask |= (ca_block > 0)[:, None, :] & reach[None]
 
     # LA: selected tiles inside each doc, exact on the diagonal band (a dense doc's rows are dense rows).
-    dense_docs = set(bits.dense_docs())
     for d, span in enumerate(lay.docs):
         if d in dense_docs:
             continue

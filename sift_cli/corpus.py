@@ -219,6 +219,29 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
+def json_lines(path: Path) -> Iterator[tuple[str, object]]:
+    """(origin "file:line", value) of every non-blank line of a JSON Lines file, compressed or not; an unreadable
+    file or a bad line stops with one error naming it (a corpus is read leniently instead: `_read_jsonl`)."""
+    try:
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                origin = f"{path}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                    value = json.loads(line.removeprefix("\ufeff") if lineno == 1 else line)
+                except UnicodeDecodeError as exc:
+                    raise SiftError(f"{origin}: not valid UTF-8 — convert the file to UTF-8") from exc
+                except json.JSONDecodeError as exc:
+                    raise SiftError(f"{origin}: invalid JSON ({exc.msg})") from exc
+                yield origin, value
+    except SiftError:
+        raise
+    except Exception as exc:  # OSError, EOFError, zstandard's own error type for corrupt frames
+        raise SiftError(f"{path}: cannot read ({exc}) — the file is truncated or corrupt: re-create it") from exc
+
+
 def _record_document(rec, origin: str, fmt: CorpusFormat) -> Document | Skipped:
     if not isinstance(rec, dict):
         return Skipped(origin, "not a JSON object (expected one object per line)")

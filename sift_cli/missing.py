@@ -1,6 +1,6 @@
-"""Documents a prompt names that the shard sets lack: which ids are missing, where a prompt's bits are read from,
-and the on-the-fly profiling of its dense documents into a shard set for the next prompt (`--profile-missing`),
-with the thresholds, tile and prefix of the set the prompt was assembled from.
+"""Documents a prompt names that the shard sets lack: where a prompt's bits are read from, and the on-the-fly
+profiling of its dense documents into a shard set for the next prompt (`--profile-missing`), with the
+thresholds, tile and prefix of the set the prompt was assembled from. (`shards.ids` says which ids a set lacks.)
 """
 
 from __future__ import annotations
@@ -23,16 +23,6 @@ def shard_sets(shards_dir: str | Path, extra: str | Path | None = None) -> list[
     if extra is not None and (Path(extra) / MANIFEST).is_file() and Path(extra).resolve() != sets[0].dir.resolve():
         sets.append(ShardSet(extra))
     return sets
-
-
-def missing_ids(sets: list[ShardSet], doc_ids: list[str]) -> list[str]:
-    """The ids of `doc_ids` that none of `sets` holds, in order, each once."""
-    out, seen = [], set()
-    for d in doc_ids:
-        if d not in seen and not any(d in s for s in sets):
-            out.append(d)
-        seen.add(d)
-    return out
 
 
 def profile_config_of(shards: ShardSet, lm: LoadedModel) -> ProfileConfig:

@@ -7,16 +7,13 @@ directions, layout.py) and the prompt says why."""
 
 from __future__ import annotations
 
-import gzip
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .corpus import TEXT_SUFFIXES, CorpusFormat, Document, read_corpus, render
+from .corpus import JSONL_SUFFIXES, CorpusFormat, Document, is_text_file, json_lines, read_corpus, render
 from .errors import SiftError
 from .layout import PromptBits, PromptLayout
 from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenize_documents, tokenizer_info
-from .shards.format import token_sha256
 from .shards.reader import ShardSet
 
 NOT_PROFILED = "not profiled"
@@ -60,6 +57,11 @@ def check_model_matches(shards: ShardSet, lm: LoadedModel) -> None:
             raise SiftError(f"{shards.dir}: {key} is {meta[key]}, the model has {value}")
 
 
+def doc_id_of(doc: str | Document) -> str:
+    """The id of a prompt document given by id or as text."""
+    return doc.doc_id if isinstance(doc, Document) else doc
+
+
 def read_doc_ids(path: str | Path) -> list[str]:
     p = Path(path)
     if not p.is_file():
@@ -82,11 +84,11 @@ def read_documents(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> list
     p = Path(path)
     if not p.is_file():
         raise SiftError(f"docs file not found: {path}")
-    if p.name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+    if p.name.lower().endswith(JSONL_SUFFIXES):
         return _jsonl_documents(p, fmt)
     docs: list[str | Document] = []
     for entry in read_doc_ids(p):
-        if not entry.endswith(TEXT_SUFFIXES):
+        if not is_text_file(Path(entry)):
             docs.append(entry)
             continue
         file = next((f for f in (p.parent / entry, Path(entry)) if f.is_file()), None)
@@ -98,30 +100,18 @@ def read_documents(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> list
 
 def _jsonl_documents(path: Path, fmt: CorpusFormat) -> list[str | Document]:
     docs: list[str | Document] = []
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            lines = list(f)
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise SiftError(f"{path}: cannot read ({exc})") from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SiftError(f"{path}:{n}: invalid JSON ({exc.msg})") from exc
+    for origin, rec in json_lines(path):
         if not isinstance(rec, dict) or fmt.id_field not in rec:
-            raise SiftError(f"{path}:{n}: expected an object with an {fmt.id_field!r} field")
+            raise SiftError(f"{origin}: expected an object with an {fmt.id_field!r} field")
         doc_id, text = str(rec[fmt.id_field]), rec.get(fmt.text_field)
         if text is None:
             docs.append(doc_id)
         elif not isinstance(text, str) or not text.strip():
-            raise SiftError(f"{path}:{n}: field {fmt.text_field!r} is not a non-empty string")
+            raise SiftError(f"{origin}: field {fmt.text_field!r} is not a non-empty string")
         else:
             title = rec.get(fmt.title_field)
             docs.append(Document(doc_id, render(fmt, doc_id, text, title if isinstance(title, str) else None),
-                                 f"{path}:{n}"))
+                                 origin))
     if not docs:
         raise SiftError(f"{path}: no documents")
     return docs
@@ -185,7 +175,7 @@ def assemble(shards: ShardSet | list[ShardSet], lm: LoadedModel, docs: list[str 
     if not sets:
         raise SiftError("no shard set given")
     first = _check_sets(sets, lm)
-    ids = [d.doc_id if isinstance(d, Document) else d for d in docs]
+    ids = [doc_id_of(d) for d in docs]
     found: dict = {}
     for s in sets:
         found.update(s.records([i for i in ids if i not in found]))
@@ -196,7 +186,7 @@ def assemble(shards: ShardSet | list[ShardSet], lm: LoadedModel, docs: list[str 
         rec = found.get(doc_id)
         if isinstance(d, Document):
             t = text_tokens[doc_id]
-            same = rec is not None and token_sha256(rec.tokens) == token_sha256(t)
+            same = rec is not None and list(rec.tokens) == t
             if not same:
                 dense.append(DenseDocument(doc_id, NOT_PROFILED if rec is None else TEXT_DIFFERS, len(t), d))
         else:

@@ -15,12 +15,13 @@ from sift_cli.block_lists import cell_density
 from sift_cli.config import ProfileConfig
 from sift_cli.corpus import Document, load_documents
 from sift_cli.errors import SiftError
-from sift_cli.missing import missing_ids, profile_config_of
+from sift_cli.missing import profile_config_of
 from sift_cli.prefill import PrefillOptions, dense_prefill, run_prefill, sparse_prefill
 from sift_cli.prefill_job import prefill_from_shards
 from sift_cli.profile.additions import add_documents
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import NOT_PROFILED, TEXT_DIFFERS, assemble
+from sift_cli.shards.ids import doc_id_listing, prompt_ids_report
 from sift_cli.shards.reader import ShardSet
 from sift_cli.shards.validate import validate_path
 
@@ -87,7 +88,8 @@ def test_documents_as_text(tiny_lm, full_set, corpus_docs):
     assert [(d.doc_id, d.reason) for d in changed.dense] == [("doc03", TEXT_DIFFERS)]
     with pytest.raises(SiftError, match="not in the shard set .* no text was given"):
         assemble(full_set, tiny_lm, ["doc03", "unknown"], "q?")
-    assert missing_ids([full_set], ["doc03", "x", "doc04", "x", "y"]) == ["x", "y"]
+    listing = doc_id_listing(full_set.dir)
+    assert prompt_ids_report(listing, ["doc03", "x", "doc04", "x", "y"])["missing_ids"] == ["x", "y"]
 
 
 def test_on_the_fly_bits_equal_sift_profile(tmp_path, tiny_lm, full_set, partial_set, corpus_docs):
@@ -121,6 +123,23 @@ def test_prefill_profiles_missing_documents_for_the_next_prompt(tmp_path, tiny_l
     assert second["dense_docs"] == [] and second["profiled_missing"]["added"] == []
     assert second["density"]["cells"] < first["density"]["cells"]
     assert ShardSet(out).get(["doc05"])[0].la_bits == full_set.get(["doc05"])[0].la_bits
+
+
+def test_adding_keeps_what_the_bucket_skipped_and_its_reason(tmp_path, tiny_lm, small_corpus):
+    (small_corpus / "blank.txt").write_text("   \n")
+    profile_corpus(small_corpus, tmp_path / "one", tiny_lm, SPARSE, num_shards=1)
+    before = ShardSet(tmp_path / "one").skip_reason("blank")
+    assert before is not None
+    first = ShardSet(tmp_path / "one")
+    manifest = tmp_path / "one" / "manifest.parquet"
+    add_documents(first.dir, [Document("fresh", "A new document.", "t")], tiny_lm,
+                  profile_config_of(first, tiny_lm), first.prefix_token_ids)
+    after = ShardSet(tmp_path / "one")
+    assert "fresh" in after and after.skip_reason("blank") == before
+    stamp = manifest.stat().st_mtime_ns
+    again = add_documents(first.dir, [Document("fresh", "A new document.", "t")], tiny_lm,
+                          profile_config_of(first, tiny_lm), first.prefix_token_ids)
+    assert again.present == ["fresh"] and manifest.stat().st_mtime_ns == stamp  # nothing written, nothing rewritten
 
 
 def test_profile_corpus_keeps_added_documents(tmp_path, tiny_lm, small_corpus, partial_set):

@@ -163,11 +163,11 @@ def _prompt_ids(listing: dict, docs: Optional[Path]) -> dict | None:
     if docs is None:
         return None
     from ..corpus import Document
-    from ..prompt import read_documents
+    from ..prompt import doc_id_of, read_documents
     from ..shards.ids import prompt_ids_report
 
     entries = read_documents(docs)
-    names = [d.doc_id if isinstance(d, Document) else d for d in entries]
+    names = [doc_id_of(d) for d in entries]
     return prompt_ids_report(listing, names, {d.doc_id for d in entries if isinstance(d, Document)})
 
 

@@ -10,13 +10,12 @@ corpus, for `sift calibrate`) and `read_prompt_file` (the user's own prompts ove
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...config import ProfileConfig
-from ...corpus import CorpusFormat, Document, load_documents, render
+from ...corpus import CorpusFormat, Document, json_lines, load_documents, render
 from ...errors import SiftError
 from ...models import (DEFAULT_INSTRUCTION, LoadedModel, cache_dir, prefix_token_ids, suffix_token_ids,
                        tokenize_documents)
@@ -160,15 +159,9 @@ def read_prompt_file(path: str | Path) -> list[PromptSpec]:
     if not p.is_file():
         raise SiftError(f"prompts file not found: {path}")
     out = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SiftError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+    for origin, rec in json_lines(p):
         if not isinstance(rec, dict) or not rec.get("doc_ids") or not rec.get("question"):
-            raise SiftError(f"{path}:{lineno}: expected {{\"doc_ids\": [...], \"question\": \"...\"}}")
+            raise SiftError(f"{origin}: expected {{\"doc_ids\": [...], \"question\": \"...\"}}")
         out.append(PromptSpec(tuple(map(str, rec["doc_ids"])), str(rec["question"]),
                               tuple(map(str, rec.get("answers") or ()))))
     if not out:
