@@ -91,7 +91,7 @@ def prepare_sparse(lm: LoadedModel, bits: PromptBits, table: BlockTable, backend
     """Decode every layer and let the backend prepare its per-prompt form, with no device synchronisation. The
     CUDA decoder runs on a side stream: the forward's first sparse layer waits for it, so the decode overlaps
     the embedding and the first layer's projections instead of adding to the time to first token."""
-    if decoder != "cuda" or not hasattr(backend, "prepare") or "ready" not in backend.prepare.__code__.co_varnames:
+    if decoder != "cuda" or not getattr(backend, "waits_for_ready", False):
         block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder)
         return prepare_plan(backend, table, block_lists, stacked)
     dev = lm.device

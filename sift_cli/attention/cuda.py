@@ -14,6 +14,7 @@ class CudaBackend:
     """Block-sparse attention with the bundled TMA + WGMMA kernel. bf16 only; no silent fallback."""
 
     name = "cuda"
+    waits_for_ready = True  # prepare(..., ready=event): its lists may still be decoding on a side stream
 
     def __init__(self, pair: bool | None = None, split: bool = True):
         self.pair, self.split = pair, split
