@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..cuda.attention import SparseAttentionPlan, sparse_attention_forward, stack_block_lists, work_order
+from ..cuda.attention import (SPLIT_MAX, SparseAttentionPlan, paired, sparse_attention_forward, stack_block_lists,
+                              work_order)
 from ..cuda.runtime import sm_count
 from ..errors import SiftError
 from .base import BlockLists
@@ -45,8 +46,8 @@ class CudaBackend:
         at the first call, when the heads and head dim are known); the work order of every layer is computed here.
         ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
         offsets, indices = stacked if stacked is not None else stack_block_lists(block_lists)
-        per_step = 2 if (self.pair if self.pair is not None else table.block_n == 64) else 1
-        work = work_order(offsets, per_step, sm_count(offsets.device), split_max=8 if self.split else 1)
+        per_step = 2 if paired(table.block_n, self.pair) else 1
+        work = work_order(offsets, per_step, sm_count(offsets.device), split_max=SPLIT_MAX if self.split else 1)
         state: dict = {}
 
         def attend(layer, q, k, v, scale):

@@ -49,13 +49,18 @@ class KernelConfig:
         return 2 if self.pair else 1
 
 
+def paired(table_block_n: int, pair: bool | None = None) -> bool:
+    """Whether a pipeline step gathers two 64-key table blocks: by default exactly when the table's blocks are 64."""
+    return (table_block_n == 64) if pair is None else pair
+
+
 def kernel_config(head_dim: int, table_block_n: int, pair: bool | None = None,
                   stages: int | None = None) -> KernelConfig:
     if head_dim not in HEAD_DIMS:
         raise SiftError(f"the cuda backend supports head_dim 64 and 128, not {head_dim}")
     if table_block_n not in BLOCK_NS:
         raise SiftError(f"the cuda backend supports KV blocks of 64 and 128, not {table_block_n}")
-    pair = (table_block_n == 64) if pair is None else pair
+    pair = paired(table_block_n, pair)
     if pair and table_block_n != 64:
         raise SiftError("paired steps gather two 64-key blocks; the table has blocks of 128")
     block_n = 128 if pair else table_block_n
