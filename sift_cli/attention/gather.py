@@ -53,11 +53,12 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     out = torch.empty(H, L, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(H, L, dtype=torch.float32, device=q.device)
     if blocks.computed_blocks() == blocks.causal_blocks() and _FLASH is not None:  # every causal block: dense
-        o, lse_ = F.scaled_dot_product_attention(qc[None], kc[None], vc[None], is_causal=True, scale=scale,
-                                                 enable_gqa=group > 1)[0], None
         if return_lse:
             o, lse_ = _attend(qc, kc.repeat_interleave(group, 0), vc.repeat_interleave(group, 0), scale, True)
             lse.copy_(lse_)
+        else:
+            o = F.scaled_dot_product_attention(qc[None], kc[None], vc[None], is_causal=True, scale=scale,
+                                               enable_gqa=group > 1)[0]
         out.copy_(o)
         return (out, lse) if return_lse else out
 
