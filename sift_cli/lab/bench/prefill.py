@@ -33,13 +33,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...attention.backends import get_backend
-from ...attention.cuda import CudaBackend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...attention.swap import swapped_attention
 from ...block_lists import cells_over_allowed, mean_densities
 from ...errors import SiftError
 from ...models import load_model
-from ...prefill import GraphedPrefill, PrefillOptions, prepare_sparse, prompt_table, sparse_prefill, sync_device
+from ...prefill import (GraphedPrefill, PrefillOptions, choose_decoder, prepare_sparse, prompt_table, sparse_prefill,
+                        sync_device)
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV
@@ -92,16 +92,6 @@ def timed(fn, device, repeat: int, warmup: int) -> list[float]:
         sync_device(device)
         out.append((time.perf_counter() - t0) * 1e3)
     return out
-
-
-def _cuda_decoder_ok(dev) -> bool:
-    """The bit-vector decode kernel runs on any backend's behalf where the CUDA backend could run (Hopper + CuPy)."""
-    if dev.type != "cuda":
-        return False
-    try:
-        return CudaBackend.available(dev)[0]
-    except Exception:
-        return False
 
 
 def _device_name(dev) -> str:
@@ -230,7 +220,7 @@ class _CaseRun:
             return
         if backend.name == "reference" and dev.type == "cpu":
             backend = ReferenceBackend(rows=BAND_ROWS)
-        decoder = "cuda" if (backend.name == "cuda" or _cuda_decoder_ok(dev)) else "torch"
+        decoder = choose_decoder(dev)
         opts = PrefillOptions(block_m=self.block_m, block_n=self.block_n, query_blocks=self.query_blocks)
         if self.cuda_graphs:
             ttft, runs_ms, transfer, decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
