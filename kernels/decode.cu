@@ -51,27 +51,12 @@ struct RowCtx {
   int layer, h;
 };
 
-// Last document whose start is <= x (documents sorted by start); -1 if none.
-__device__ __forceinline__ int doc_at(const DecodeArgs& a, int x) {
-  int lo = 0, hi = a.n_docs - 1, ans = -1;
+// Last index i < n with starts[i] <= x (starts ascending: documents, KV blocks); -1 if none.
+__device__ __forceinline__ int last_at_most(const int* starts, int n, int x) {
+  int lo = 0, hi = n - 1, ans = -1;
   while (lo <= hi) {
     const int mid = (lo + hi) >> 1;
-    if (a.doc_start[mid] <= x) {
-      ans = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return ans;
-}
-
-// Last KV block whose first key is <= x.
-__device__ __forceinline__ int kv_block_at(const DecodeArgs& a, int x) {
-  int lo = 0, hi = a.n_kvblocks - 1, ans = -1;
-  while (lo <= hi) {
-    const int mid = (lo + hi) >> 1;
-    if (a.kv_start[mid] <= x) {
+    if (starts[mid] <= x) {
       ans = mid;
       lo = mid + 1;
     } else {
@@ -98,12 +83,12 @@ __device__ __forceinline__ RowCtx make_ctx(const DecodeArgs& a, int m, int layer
   c.has_doc_rows = (a.n_docs > 0) && (c.q1 >= a.prefix_len) && (c.q0 < a.docs_end);
   c.d_first = c.d_last = -1;
   if (c.has_doc_rows) {
-    c.d_first = doc_at(a, max(c.q0, a.prefix_len));
-    c.d_last = doc_at(a, min(c.q1, a.docs_end - 1));
+    c.d_first = last_at_most(a.doc_start, a.n_docs, max(c.q0, a.prefix_len));
+    c.d_last = last_at_most(a.doc_start, a.n_docs, min(c.q1, a.docs_end - 1));
     for (int d = c.d_first; d <= c.d_last; ++d)
       if (a.doc_dense[d]) c.dense_last = max(c.dense_last, min(c.q1, a.doc_start[d] + a.doc_len[d] - 1));
   }
-  c.kb_max = kv_block_at(a, c.q1);
+  c.kb_max = last_at_most(a.kv_start, a.n_kvblocks, c.q1);
   return c;
 }
 
