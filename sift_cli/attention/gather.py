@@ -73,39 +73,45 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
         b = torch.tensor(kbs, dtype=torch.int64, device=q.device)
         keys = starts[b][:, None] + within
         return keys[within < lens[b][:, None]]
+
+    def kv_rows(t, g, keys, n):  # KV head g's rows `keys`, shared (not copied) by n query heads
+        return t[g].index_select(0, keys)[None].expand(n, -1, -1)
     for m, (r0, n_rows) in enumerate(zip(table.q_start.tolist(), table.q_len.tolist())):
         r1 = r0 + n_rows
         near_blocks = [kb for kb in range(len(kv_start)) if r0 <= kv_start[kb] < r1]
-        far_of: dict[tuple[int, ...], list[int]] = {}  # far block lists → heads
+        far_of: dict[tuple, list[int]] = {}  # (far block list, KV head) → query heads
         general = []
         for h in range(H):
             listed = indices[offsets[h][m]: offsets[h][m + 1]]
             far = tuple(sorted(kb for kb in listed if kv_start[kb] + kv_len[kb] <= r0))
             near = sorted(kb for kb in listed if kv_start[kb] + kv_len[kb] > r0)
             if _FLASH is not None and near == near_blocks and all(kv_start[kb] >= r0 for kb in near):
-                far_of.setdefault(far, []).append(h)
+                far_of.setdefault((far, h // group), []).append(h)
             else:
                 general.append((h, far + tuple(near)))
         if far_of:  # near part: the causal triangle of [r0, r1), every head at once
-            heads = torch.tensor(sorted(h for hs in far_of.values() for h in hs), device=q.device)
-            kv = heads // group
-            o_near, l_near = _attend(qc[heads, r0:r1], kc[kv, r0:r1], vc[kv, r0:r1], scale, True)
-            slot = {int(h): i for i, h in enumerate(heads)}
-        for far, hs in far_of.items():
+            heads = sorted(h for hs in far_of.values() for h in hs)
+            if len(heads) == H:
+                kn, vn = (t[:, r0:r1].repeat_interleave(group, 0) for t in (kc, vc))
+                o_near, l_near = _attend(qc[:, r0:r1], kn, vn, scale, True)
+            else:
+                kv = torch.tensor(heads, device=q.device) // group
+                o_near, l_near = _attend(qc[heads, r0:r1], kc[kv, r0:r1], vc[kv, r0:r1], scale, True)
+            slot = {h: i for i, h in enumerate(heads)}
+        for (far, g), hs in far_of.items():
             idx = [slot[h] for h in hs]
             o, lo = o_near[idx], l_near[idx]
             if far:
                 keys = keys_of(far)
-                kv = (torch.tensor(hs, device=q.device) // group)[:, None]
-                kg, vg = kc[kv, keys[None, :]], vc[kv, keys[None, :]]
-                o_far, l_far = _attend(qc[hs, r0:r1], kg, vg, scale, False)
+                o_far, l_far = _attend(qc[hs, r0:r1], kv_rows(kc, g, keys, len(hs)), kv_rows(vc, g, keys, len(hs)),
+                                       scale, False)
                 o, lo = _merge(o_far, l_far, o, lo)
             out[hs, r0:r1] = o.to(q.dtype)
             lse[hs, r0:r1] = lo.float()
         for h, listed in general:
             keys = keys_of(listed)
-            o, lo = _masked(qc[h, r0:r1], kc[h // group, keys], vc[h // group, keys], keys, pos[r0:r1], scale,
-                            return_lse)
+            o, lo = _masked(qc[h, r0:r1], kc[h // group].index_select(0, keys), vc[h // group].index_select(0, keys),
+                            keys, pos[r0:r1], scale, return_lse)
             out[h, r0:r1] = o.to(q.dtype)
             lse[h, r0:r1] = lo.float()
     return (out, lse) if return_lse else out
