@@ -220,31 +220,20 @@ sift_decode_write(DECODE_PARAMS, int layer0, const int* __restrict__ offsets, in
   }
 }
 
-// Prefix sum: counts [n_layers][H * M] -> offsets [n_layers][H][M + 1] (exclusive sums; offsets[h][M] is the
-// end of head h, i.e. offsets[h + 1][0]). One CTA of SCAN_THREADS per layer; each thread scans a contiguous run.
-#define SCAN_THREADS 1024
-extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
-sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int* __restrict__ offsets) {
-  const int z = blockIdx.x;
-  const int total = n_heads * n_qblocks;
-  const int* cnt = counts + (long long)z * total;
-  int* off = offsets + (long long)z * n_heads * (n_qblocks + 1);
-  const int per = (total + SCAN_THREADS - 1) / SCAN_THREADS;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int lo = min(tid * per, total), hi = min(lo + per, total);
-  int sum = 0;
-  for (int i = lo; i < hi; ++i) sum += cnt[i];
-  int incl = sum;  // inclusive warp scan
+// Exclusive prefix sum over the CTA of one value per thread (threads in order); returns it, *total gets the sum.
+__device__ __forceinline__ int cta_exclusive_scan(int v, int* warp_tot, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int y = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += y;
   }
-  __shared__ int warp_tot[SCAN_THREADS / 32];
+  __syncthreads();  // warp_tot may still be read by a previous scan
   if (lane == 31) warp_tot[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    int w = warp_tot[lane];
+    const int w = warp_tot[lane];
     int wi = w;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -252,13 +241,133 @@ sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int
       if (lane >= o) wi += y;
     }
     warp_tot[lane] = wi - w;  // exclusive prefix of warp totals
+    if (lane == 31) warp_tot[32] = wi;
   }
   __syncthreads();
-  int run = warp_tot[warp] + incl - sum;  // exclusive prefix of this thread's run
+  *total = warp_tot[32];
+  return warp_tot[warp] + incl - v;
+}
+
+// The attention kernel's cut of a row of n blocks (its split_row) for a per-step granularity.
+__device__ __forceinline__ void row_parts(int n, int cap, int split_max, int per_step, int& parts, int& chunk) {
+  if (n <= 0 || split_max <= 1) {
+    parts = 1;
+    chunk = max(n, 1);
+    return;
+  }
+  parts = min(split_max, (n + cap - 1) / cap);
+  chunk = ((n + parts - 1) / parts + per_step - 1) / per_step * per_step;
+  parts = (n + chunk - 1) / chunk;
+}
+
+// Prefix sum: counts [n_layers][H * M] -> offsets [n_layers][H][M + 1] (exclusive sums; offsets[h][M] is the
+// end of head h, i.e. offsets[h + 1][0]). One CTA of SCAN_THREADS per layer; each thread scans a contiguous run.
+//
+// With tile_order set it also computes the attention kernel's work order (cuda/attention.py's work_order, equal
+// to it entry for entry), so a prompt's preparation launches nothing else: rows R = H * M are cut into parts of
+// about cap = max(min_blocks, total / (2 sms)) blocks (at most split_max, whole steps of per_step blocks), the
+// virtual tiles v = row * split_max + part sorted by length, longest first, ties in part-major order (part, then
+// row); n_active (tiles with a part), split_cap (cap) and split_slot (first workspace slot of each split row:
+// exclusive sums of the part counts of split rows). Dynamic shared memory: n_bins ints, n_bins > the longest part.
+#define SCAN_THREADS 1024
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int* __restrict__ offsets,
+                 int* __restrict__ tile_order, int* __restrict__ n_active, int* __restrict__ split_cap,
+                 int* __restrict__ split_slot, int per_step, int sms, int split_max, int min_blocks, int n_bins) {
+  extern __shared__ int bins[];
+  __shared__ int warp_tot[33];
+  const int z = blockIdx.x;
+  const int R = n_heads * n_qblocks;
+  const int* cnt = counts + (long long)z * R;
+  int* off = offsets + (long long)z * n_heads * (n_qblocks + 1);
+  const int per = (R + SCAN_THREADS - 1) / SCAN_THREADS;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int lo = min(tid * per, R), hi = min(lo + per, R);
+  int sum = 0;
+  for (int i = lo; i < hi; ++i) sum += cnt[i];
+  int total;
+  int run = cta_exclusive_scan(sum, warp_tot, &total);
   for (int i = lo; i < hi; ++i) {
     const int h = i / n_qblocks, m = i - h * n_qblocks;
     off[(long long)h * (n_qblocks + 1) + m] = run;
     run += cnt[i];
     if (m == n_qblocks - 1) off[(long long)h * (n_qblocks + 1) + n_qblocks] = run;
+  }
+  if (tile_order == nullptr) return;
+
+  const int cap = max(min_blocks, (int)(((long long)total + 2LL * sms - 1) / (2LL * sms)));
+  int split_parts = 0, my_parts = 0;
+  for (int i = lo; i < hi; ++i) {
+    int parts, chunk;
+    row_parts(cnt[i], cap, split_max, per_step, parts, chunk);
+    split_parts += parts > 1 ? parts : 0;
+    my_parts += parts;
+  }
+  int n_tiles;
+  run = cta_exclusive_scan(split_parts, warp_tot, &total);
+  (void)cta_exclusive_scan(my_parts, warp_tot, &n_tiles);
+  for (int i = lo; i < hi; ++i) {
+    int parts, chunk;
+    row_parts(cnt[i], cap, split_max, per_step, parts, chunk);
+    split_slot[(long long)z * R + i] = run;
+    run += parts > 1 ? parts : 0;
+  }
+  if (tid == 0) {
+    split_cap[z] = cap;
+    n_active[z] = n_tiles;
+  }
+  // Counting sort of the tiles by length, descending.
+  for (int b = tid; b < n_bins; b += SCAN_THREADS) bins[b] = 0;
+  __syncthreads();
+  for (int i = lo; i < hi; ++i) {
+    int parts, chunk;
+    const int n = cnt[i];
+    row_parts(n, cap, split_max, per_step, parts, chunk);
+    for (int p = 0; p < parts; ++p) atomicAdd(&bins[max(0, min(chunk, n - p * chunk))], 1);
+  }
+  const int bper = (n_bins + SCAN_THREADS - 1) / SCAN_THREADS;  // bins scanned from the longest length down
+  const int blo = min(tid * bper, n_bins), bhi = min(blo + bper, n_bins);
+  __syncthreads();
+  int bsum = 0;
+  for (int j = blo; j < bhi; ++j) bsum += bins[n_bins - 1 - j];
+  int brun = cta_exclusive_scan(bsum, warp_tot, &total);
+  for (int j = blo; j < bhi; ++j) {
+    const int c = bins[n_bins - 1 - j];
+    bins[n_bins - 1 - j] = brun;  // first position of this length
+    brun += c;
+  }
+  __syncthreads();
+  // Stable placement in part-major order u = part * R + row: chunks of SCAN_THREADS, each warp's lanes ranked
+  // among equal lengths by a match, the warps of a chunk taking their positions one after the other.
+  int* order = tile_order + (long long)z * R * split_max;
+  for (int u0 = 0; u0 < R * split_max; u0 += SCAN_THREADS) {
+    const int u = u0 + tid;
+    int key = -1, v = 0;
+    if (u < R * split_max) {
+      const int p = u / R, row = u - p * R;
+      int parts, chunk;
+      const int n = cnt[row];
+      row_parts(n, cap, split_max, per_step, parts, chunk);
+      if (p < parts) {
+        key = max(0, min(chunk, n - p * chunk));
+        v = row * split_max + p;
+      }
+    }
+    if (!__syncthreads_or(key >= 0)) continue;
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    const int leader = __ffs(peers) - 1;
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    for (int w = 0; w < SCAN_THREADS / 32; ++w) {
+      if (warp == w) {
+        int base = 0;
+        if (key >= 0 && lane == leader) {
+          base = bins[key];
+          bins[key] = base + __popc(peers);
+        }
+        base = __shfl_sync(0xffffffffu, base, leader);
+        if (key >= 0) order[base + rank] = v;
+      }
+      __syncthreads();
+    }
   }
 }

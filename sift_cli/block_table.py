@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .device_copy import to_device
 from .layout import PromptLayout
 
 QUERY_BLOCKS = ("segment", "grid")
@@ -64,11 +65,11 @@ class BlockTable:
         else:
             q_start = np.arange(0, layout.seq_len, block_m, dtype=np.int32)
             q_len = np.minimum(block_m, layout.seq_len - q_start).astype(np.int32)
-        t = lambda a: torch.as_tensor(a, dtype=torch.int32, device=device)  # noqa: E731
         q_last = q_start.astype(np.int64) + q_len - 1
         causal = int((np.searchsorted(kv_start, q_last, side="right")).sum())  # known here, so no device read later
-        return BlockTable(t(q_start), t(q_len), t(kv_start), t(kv_len), t(kv_doc), block_m, block_n,
-                          layout.seq_len, query_blocks, causal)
+        arrays = [torch.as_tensor(a, dtype=torch.int32) for a in (q_start, q_len, kv_start, kv_len, kv_doc)]
+        table = BlockTable(*arrays, block_m, block_n, layout.seq_len, query_blocks, causal)
+        return table if device is None else table.to(device)
 
     @staticmethod
     def causal(seq_len: int, block_m: int = 128, block_n: int = 64, device=None) -> "BlockTable":
@@ -88,7 +89,8 @@ class BlockTable:
         return self.q_start.device
 
     def to(self, device) -> "BlockTable":
-        return BlockTable(*(getattr(self, k).to(device) for k in ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")),
+        return BlockTable(*to_device([getattr(self, k) for k in ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")],
+                                     device),
                           self.block_m, self.block_n, self.seq_len, self.query_blocks, self.n_causal_blocks)
 
     def token_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .bits import ca_nbytes, la_nbytes, n_pages, pack_doc
+from .device_copy import to_device
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,8 @@ class PromptBits:
         )
 
     def to(self, device) -> "PromptBits":
-        moved = {k: getattr(self, k).to(device) for k in
-                 ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len", "doc_dense")}
+        names = ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len", "doc_dense")
+        moved = dict(zip(names, to_device([getattr(self, k) for k in names], device)))
         return PromptBits(tile=self.tile, n_layers=self.n_layers, n_heads=self.n_heads, layout=self.layout, **moved)
 
     def dense_docs(self) -> list[int]:

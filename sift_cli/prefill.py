@@ -1,7 +1,8 @@
 """Full recompute and SIFT on the same prompt, in one process: timings, agreement and both answers.
 
 SIFT's time to first token counts moving the prompt's bit vectors to the device, decoding every layer's block
-lists (and the backend's own preparation) and the forward. Each forward is timed three ways: wall time, host time
+lists (and the backend's own preparation) and the forward, timed as one piece from an idle device (the CUDA
+decoder runs on a side stream, beside the forward's start). Each prefill is timed three ways: wall time, host time
 (until Python has enqueued the whole forward) and GPU time (CUDA events), so a report shows whether a run is
 bound by the host or by the GPU. With `cuda_graphs`, the decode and the forward of each mode are captured once per
 prompt and replayed; the capture is reported apart from the time to first token.
@@ -74,13 +75,14 @@ def choose_decoder(device: torch.device) -> str:
     return "cuda" if CudaBackend.available(device)[0] else "torch"
 
 
-def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decoder: str = "torch"
+def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decoder: str = "torch", work=None
                       ) -> tuple[list[BlockLists], tuple | None]:
     """Every layer's CSR lists over `table` (bits already on the device), and, from the CUDA decoder, the stacked
-    (offsets, indices) of all layers. The CUDA decoder never waits for the device."""
+    (offsets, indices, work) of all layers; work: the attention kernel's work order when `work` (a
+    cuda.decode.WorkSpec) asks the decoder for it, else None. The CUDA decoder never waits for the device."""
     if decoder == "cuda":
-        dec = CudaDecoder(bits, table)
-        return [dec.layer(layer) for layer in range(n_layers)], (dec.offsets, dec.indices)
+        dec = CudaDecoder(bits, table, work=work)
+        return [dec.layer(layer) for layer in range(n_layers)], (dec.offsets, dec.indices, dec.work)
     return [decode_layer(bits, layer, table) for layer in range(n_layers)], None
 
 
@@ -104,7 +106,7 @@ def prepare_sparse(lm: LoadedModel, bits: PromptBits, table: BlockTable, backend
     side.wait_stream(main)
     ready = torch.cuda.Event()  # recorded after all the side stream's work: the first sparse layer waits for it
     with torch.cuda.stream(side):
-        block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder)
+        block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder, backend.work_spec(table, dev))
         attend = backend.prepare(table, block_lists, stacked, ready=ready)
         ready.record(side)
     return SparsePlan(backend.name, table, block_lists, attend)
@@ -165,16 +167,24 @@ def timed(lm: LoadedModel, fn) -> tuple[object, Timing]:
 
 @dataclass
 class SparseRun:
+    """One eager SIFT prefill, timed as one piece from an idle device: the bits' transfer, the decode of every
+    layer (on a side stream with the CUDA decoder, overlapping the forward) and the forward."""
+
     logits: torch.Tensor
     past: object
-    transfer_ms: float
-    prepare: Timing  # decode of every layer + the backend's preparation
-    forward: Timing
+    timing: Timing  # the whole prefill: its wall time is the time to first token
+    transfer_ms: float  # host time to move the bits and the block table (enqueue, on a GPU)
+    prepare_ms: float  # host time to decode every layer and prepare the backend (enqueue, on a GPU)
     plan: SparsePlan = field(repr=False)
 
     @property
     def ttft_ms(self) -> float:
-        return self.transfer_ms + self.prepare.wall_ms + self.forward.wall_ms
+        return self.timing.wall_ms
+
+    @property
+    def forward_ms(self) -> float:
+        """The rest of the time to first token: the forward, and on a GPU what the decode adds to it."""
+        return self.timing.wall_ms - self.transfer_ms - self.prepare_ms
 
 
 @torch.inference_mode()
@@ -183,12 +193,17 @@ def dense_prefill(lm: LoadedModel, ids: torch.Tensor) -> ForwardRun:
     return ForwardRun(logits.float(), past, t)
 
 
+def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
+    """The prompt's bits and block table on the device (two copies, enqueued: no synchronisation)."""
+    bits = prompt.bits.to(device)  # every layer's bit vectors go to the device once per prompt
+    return bits, BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks, device)
+
+
 def prompt_table(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable, float]:
-    """The prompt's bits on the device and its block table; returns the transfer time (ms) too."""
+    """`prompt_tensors`, and the time (ms) until they are on the device."""
     sync_device(device)
     t0 = time.perf_counter()
-    bits = prompt.bits.to(device)  # every layer's bit vectors go to the device once per prompt
-    table = BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks, device)
+    bits, table = prompt_tensors(prompt, opts, device)
     sync_device(device)
     return bits, table, (time.perf_counter() - t0) * 1e3
 
@@ -196,10 +211,18 @@ def prompt_table(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBi
 @torch.inference_mode()
 def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                    decoder: str = "torch") -> SparseRun:
-    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device)
-    plan, prep = timed(lm, lambda: prepare_sparse(lm, bits, table, backend, decoder))
-    (logits, past), fwd = timed(lm, lambda: _forward(lm, ids, sparse_attention(lm.model, plan)))
-    return SparseRun(logits.float(), past, transfer_ms, prep, fwd, plan)
+    marks = []
+
+    def run():
+        marks.append(time.perf_counter())
+        bits, table = prompt_tensors(prompt, opts, lm.device)
+        marks.append(time.perf_counter())
+        plan = prepare_sparse(lm, bits, table, backend, decoder)
+        marks.append(time.perf_counter())
+        return _forward(lm, ids, sparse_attention(lm.model, plan)), plan
+
+    ((logits, past), plan), t = timed(lm, run)
+    return SparseRun(logits.float(), past, t, (marks[1] - marks[0]) * 1e3, (marks[2] - marks[1]) * 1e3, plan)
 
 
 class GraphedPrefill:
@@ -281,29 +304,28 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
             tick()
             sparse_prefill(lm, prompt, backend, ids, opts, decoder)
             tick()
-        dense_runs, sift_runs = [], []
+        dense_times, sift_times, sift_parts = [], [], []
+        d = s = None
         for _ in range(max(1, opts.repeat)):
-            dense_runs.append(dense_prefill(lm, ids))
+            d = None  # only the last run of each mode is kept (its KV cache answers): no cache piles up
+            d = dense_prefill(lm, ids)
+            dense_times.append(d.timing)
             tick()
-            sift_runs.append(sparse_prefill(lm, prompt, backend, ids, opts, decoder))
+            s = None
+            s = sparse_prefill(lm, prompt, backend, ids, opts, decoder)
+            sift_times.append(s.timing)
+            sift_parts.append((s.transfer_ms, s.prepare_ms, s.forward_ms))
             tick()
-        d_logits, d_past = dense_runs[-1].logits, dense_runs[-1].past
-        dense_times = [r.timing for r in dense_runs]
-        s = sift_runs[-1]
-        sift_times = [Timing(r.ttft_ms, r.transfer_ms + r.prepare.host_ms + r.forward.host_ms,
-                             None if r.forward.gpu_ms is None else r.prepare.gpu_ms + r.forward.gpu_ms)
-                      for r in sift_runs]
-        transfer_ms = statistics.median(r.transfer_ms for r in sift_runs)
-        prep_ms = statistics.median(r.prepare.wall_ms for r in sift_runs)
+        d_logits, d_past = d.logits, d.past
+        transfer_ms, prep_ms, forward_ms = (statistics.median(p) for p in zip(*sift_parts))
         block_lists = s.plan.block_lists
     s_logits, s_past = (s.logits, s.past) if not graphs else s
-    med = statistics.median
     dense_t, sift_t = _timing_json(dense_times), _timing_json(sift_times)
     dense_tokens = greedy_generate(lm, d_logits.float(), d_past, opts.max_new_tokens)
     sift_tokens = greedy_generate(lm, s_logits.float(), s_past, opts.max_new_tokens)
     tok = lm.tokenizer
     sift_t.update(transfer_ms=transfer_ms, decode_ms=prep_ms,
-                  forward_ms=None if graphs else med(r.forward.wall_ms for r in sift_runs),
+                  forward_ms=None if graphs else forward_ms,
                   text=tok.decode(sift_tokens, skip_special_tokens=True), bound=_bound(sift_t))
     dense_t.update(text=tok.decode(dense_tokens, skip_special_tokens=True), bound=_bound(dense_t))
     report = {

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..cuda.attention import (SPLIT_MAX, SparseAttentionPlan, paired, sparse_attention_forward, stack_block_lists,
-                              work_order)
+from ..cuda.attention import (SPLIT_MAX, SPLIT_MIN_BLOCKS, SparseAttentionPlan, paired, sparse_attention_forward,
+                              stack_block_lists, work_order)
+from ..cuda.decode import WorkSpec
 from ..cuda.runtime import sm_count
 from ..errors import SiftError
 from .base import BlockLists
@@ -41,13 +42,21 @@ class CudaBackend:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
         return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split)
 
+    def work_spec(self, table, device) -> WorkSpec:
+        """What this backend's work order needs, for a CUDA decoder that computes it with the lists."""
+        return WorkSpec(2 if paired(table.block_n, self.pair) else 1, sm_count(torch.device(device)),
+                        SPLIT_MAX if self.split else 1, SPLIT_MIN_BLOCKS)
+
     def prepare(self, table, block_lists: list[BlockLists], stacked=None, ready=None):
         """attend(layer, q, k, v, scale) over every layer's lists, launched through one SparseAttentionPlan (built
-        at the first call, when the heads and head dim are known); the work order of every layer is computed here.
+        at the first call, when the heads and head dim are known). stacked: (offsets, indices[, work]) of all
+        layers from one decode; the work order is computed here unless the decoder did (`work_spec`).
         ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
-        offsets, indices = stacked if stacked is not None else stack_block_lists(block_lists)
-        per_step = 2 if paired(table.block_n, self.pair) else 1
-        work = work_order(offsets, per_step, sm_count(offsets.device), split_max=SPLIT_MAX if self.split else 1)
+        offsets, indices = stacked[:2] if stacked is not None else stack_block_lists(block_lists)
+        work = stacked[2] if stacked is not None and len(stacked) > 2 else None
+        if work is None:
+            spec = self.work_spec(table, offsets.device)
+            work = work_order(offsets, spec.per_step, spec.sms, spec.split_max, spec.min_blocks)
         state: dict = {}
 
         def attend(layer, q, k, v, scale):

@@ -67,7 +67,8 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
 
 def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stacked=None) -> SparsePlan:
     """The backend's per-prompt form of every layer's lists. stacked: (offsets [n_layers, H, M + 1], indices
-    [n_layers, capacity]) when the lists come from one decode of all layers (the cuda backend uses it as is)."""
+    [n_layers, capacity], work order or None) when the lists come from one decode of all layers (the cuda backend
+    uses it as is)."""
     prepare = getattr(backend, "prepare", None)
     if prepare is not None:
         attend = prepare(table, block_lists, stacked)

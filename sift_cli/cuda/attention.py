@@ -105,8 +105,10 @@ def work_order(offsets: torch.Tensor, per_step: int, sms: int, split_max: int = 
 
     A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / (2 SMs)), so
     only rows much longer than a fair share per SM are split (the kernel computes the same cut, `split_row`). The
-    parts run longest first. Returns per leading index: tile_order [R * split_max] (virtual tile ids, row *
-    split_max + part), n_active [1], cap [1], slot_base [R] (first workspace slot of a split row)."""
+    parts run longest first (ties: first parts before second parts, then rows in order). Returns per leading index:
+    tile_order [R * split_max] (virtual tile ids, row * split_max + part; the first n_active are the tiles),
+    n_active [1], cap [1], slot_base [R] (first workspace slot of a split row). The CUDA decoder computes the same
+    (`CudaDecoder(..., work=WorkSpec(...))`) in its own launches; this is its reference."""
     lead = offsets.shape[:-2]
     counts = (offsets[..., 1:] - offsets[..., :-1]).reshape(*lead, -1).long()  # [..., R]
     total = counts.sum(-1, keepdim=True)
@@ -117,8 +119,11 @@ def work_order(offsets: torch.Tensor, per_step: int, sms: int, split_max: int = 
     part = torch.arange(split_max, device=offsets.device)
     length = torch.minimum(torch.clamp(counts[..., None] - part * chunk[..., None], min=0), chunk[..., None])
     active = part < parts[..., None]
-    key = torch.where(active, length, torch.full_like(length, -1)).reshape(*lead, -1)
-    order = torch.argsort(key, dim=-1, descending=True, stable=True).to(torch.int32)
+    key = torch.where(active, length, torch.full_like(length, -1))  # [..., R, split_max]
+    # longest first; ties in part-major order (part, then row), as the CUDA decoder sorts them (decode.cu)
+    u = torch.argsort(key.transpose(-1, -2).reshape(*lead, -1), dim=-1, descending=True, stable=True)
+    n_rows = counts.shape[-1]
+    order = ((u % n_rows) * split_max + u // n_rows).to(torch.int32)
     split_parts = torch.where(parts > 1, parts, torch.zeros_like(parts))
     return {"tile_order": order.contiguous(), "n_active": active.reshape(*lead, -1).sum(-1, keepdim=True).int(),
             "cap": cap.int(), "slot_base": (torch.cumsum(split_parts, -1) - split_parts).int().contiguous()}
@@ -175,9 +180,8 @@ class SparseAttentionPlan:
         self.work = work if work is not None else work_order(self.offsets, self.cfg.per_step, sms, split_max)
         self.func, self.smem = attention_function(self.cfg, self.device.index, N, extra)
         ws_slots = 4 * sms + 8 if split else 1  # split parts never exceed 2 * total / cap <= 4 SMs
-        self.workspace = torch.empty(ws_slots * BLOCK_M * (head_dim + 2), dtype=torch.float32, device=self.device)
-        self.arrivals = torch.zeros(n_heads * M, dtype=torch.int32, device=self.device)
-        self.sched = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self.workspace, self.arrivals, self.sched = _scratch(self.device, ws_slots * BLOCK_M * (head_dim + 2),
+                                                             n_heads * M)
         self.grid = (min(n_heads * M * split_max, sms), 1, 1)
         self.split_max = split_max
         self.scale = scale
@@ -250,6 +254,30 @@ class SparseAttentionPlan:
         if self.L:
             launch(torch.cuda.current_stream(self.device).cuda_stream)
         return out
+
+
+_SCRATCH: dict = {}
+_KEPT: list = []
+
+
+def _scratch(device: torch.device, ws_floats: int, n_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's split-KV workspace, per-row arrival counters and scheduler counters, shared by every plan on
+    the device (one prefill runs at a time): allocating 20 MB per prompt costs a cudaMalloc. The counters are
+    zero between launches (the kernel leaves them so). A buffer outgrown is kept, not freed: a captured CUDA graph
+    may still point at it."""
+    key = device.index
+    ws, arrivals, sched = _SCRATCH.get(key, (None, None, None))
+    if ws is None or ws.numel() < ws_floats:
+        _KEPT.append(ws)
+        ws = torch.empty(ws_floats, dtype=torch.float32, device=device)
+    if arrivals is None or arrivals.numel() < n_rows:
+        _KEPT.append(arrivals)
+        arrivals = torch.zeros(max(n_rows, 2 * (arrivals.numel() if arrivals is not None else 0), 1024),
+                               dtype=torch.int32, device=device)
+    if sched is None:
+        sched = torch.zeros(2, dtype=torch.int32, device=device)
+    _SCRATCH[key] = (ws, arrivals, sched)
+    return ws, arrivals, sched
 
 
 def stack_block_lists(block_lists: list[BlockLists]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,8 +19,8 @@ from ..attention.reference import block_sparse_attention
 from ..block_lists import block_lists_from_mask, decode_layer, dense_block_lists
 from ..block_table import BlockTable
 from ..layout import PromptBits, PromptLayout, random_prompt_bits
-from .attention import BLOCK_M, sparse_attention_forward
-from .decode import CudaDecoder, decode_layer_cuda
+from .attention import BLOCK_M, SPLIT_MAX, SPLIT_MIN_BLOCKS, sparse_attention_forward, work_order
+from .decode import CudaDecoder, WorkSpec, decode_layer_cuda
 
 ROW_BOUND = 2e-2  # worst row's ‖out − ref‖ / ‖ref‖ (bf16 inputs and output, bf16 P)
 LSE_BOUND = 1e-3
@@ -106,10 +106,11 @@ def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0,
 
 def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", block_m: int = BLOCK_M) -> dict:
     """The CUDA decoder on every layer of `bits` against `decode_layer` (order included), and its one-layer
-    entry point."""
+    entry point; the work order it computes alongside against `work_order`, with splits (4 SMs) and without."""
     table = BlockTable.for_layout(bits.layout, block_m, block_n, query_blocks)
     gpu = bits.to("cuda")
-    dec = CudaDecoder(gpu, table)
+    per_step = 2 if block_n == 64 else 1
+    dec = CudaDecoder(gpu, table, work=WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS))
     res = dict(tile=bits.tile, block_n=block_n, query_blocks=query_blocks, L=bits.layout.seq_len,
                docs=len(bits.layout.docs), ok=True, layers=bits.n_layers)
     for layer in range(bits.n_layers):
@@ -127,8 +128,20 @@ def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", b
     last = bits.n_layers - 1
     single = _same_lists(decode_layer_cuda(gpu, table, last), decode_layer(bits, last, table))
     res["single_layer_entry_ok"] = single
-    res["ok"] = res["ok"] and single
+    unsplit = CudaDecoder(gpu, table, work=WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS))
+    res["work_order_ok"] = [_same_work(d.work, work_order(d.offsets, s.per_step, s.sms, s.split_max, s.min_blocks))
+                            for d, s in ((dec, WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS)),
+                                         (unsplit, WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS)))]
+    res["ok"] = res["ok"] and single and all(res["work_order_ok"])
     return res
+
+
+def _same_work(got: dict, want: dict) -> bool:
+    """Equal work orders: cap, n_active and slot_base, and the first n_active entries of tile_order."""
+    same = all(torch.equal(got[k].cpu(), want[k].cpu()) for k in ("cap", "n_active", "slot_base"))
+    for layer, n in enumerate(want["n_active"][:, 0].tolist()):
+        same = same and torch.equal(got["tile_order"][layer, :n].cpu(), want["tile_order"][layer, :n].cpu())
+    return same
 
 
 def _same_lists(got: BlockLists, want: BlockLists) -> bool:

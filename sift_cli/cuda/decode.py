@@ -3,10 +3,14 @@ table, with no host synchronisation (identical to block_lists.decode_layer, orde
 
 Three launches cover all layers: count (one CTA per query block and 8 heads, grid z = layer), prefix sum, write.
 The index arrays are sized by the causal bound (every causal block of every head), known from the table alone,
-so nothing waits for the counts; `CudaDecoder.layer(l)` is a BlockLists view of layer l.
+so nothing waits for the counts; `CudaDecoder.layer(l)` is a BlockLists view of layer l. Given the attention
+kernel's `WorkSpec`, the prefix-sum launch also computes its work order (equal to `cuda.attention.work_order`),
+so preparing a prompt for the attention kernel launches nothing more.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -15,25 +19,44 @@ from ..block_table import BlockTable
 from ..errors import SiftError
 from .runtime import check_device, compiled_module, function_ptr, launch
 
+
+@dataclass(frozen=True)
+class WorkSpec:
+    """What the attention kernel's work order depends on besides the lists (`cuda.attention.work_order`)."""
+
+    per_step: int  # table blocks per pipeline step (2 when 64-key blocks are paired)
+    sms: int
+    split_max: int
+    min_blocks: int
+
 DEC_THREADS = 128
 DEC_HEADS = 8  # heads per CTA (decode.cu)
 SCAN_THREADS = 1024
+SCAN_SMEM = 200 * 1024  # the work order's length histogram: 4 bytes per KV block of the prompt
 _BITS = (("la", torch.uint8), ("ca", torch.uint8), ("doc_start", torch.int32), ("doc_len", torch.int32),
          ("la_base", torch.int64), ("la_len", torch.int32), ("ca_base", torch.int64), ("ca_len", torch.int32),
          ("doc_dense", torch.int32))
 
 
+_FUNCTIONS: dict[int, dict[str, int]] = {}
+
+
 def _functions(device_index: int) -> dict[str, int]:
-    mod = compiled_module("decode.cu", (), device_index)
-    return {n: function_ptr(mod, f"sift_decode_{n}") for n in ("count", "scan", "write")}
+    fns = _FUNCTIONS.get(device_index)
+    if fns is None:
+        mod = compiled_module("decode.cu", (), device_index)
+        fns = _FUNCTIONS[device_index] = {n: function_ptr(mod, f"sift_decode_{n}", SCAN_SMEM if n == "scan" else 0)
+                                          for n in ("count", "scan", "write")}
+    return fns
 
 
 class CudaDecoder:
     """Bit vectors of one prompt (PromptBits on the GPU) → offsets int32 [n, H, M + 1] and indices int32
     [n, capacity] for layers `layers` (default: all), in canonical order (masked blocks first, each group
-    descending)."""
+    descending); with `work`, also `work`: the attention kernel's work order of every layer (the dict of
+    `cuda.attention.work_order`, leading dim n)."""
 
-    def __init__(self, bits, table: BlockTable, layers: range | None = None):
+    def __init__(self, bits, table: BlockTable, layers: range | None = None, work: WorkSpec | None = None):
         check_device(bits.doc_start if bits.doc_start.numel() else bits.la, "the bit vectors")
         self.device = bits.la.device
         self.table = table.to(self.device)
@@ -52,9 +75,17 @@ class CudaDecoder:
         tab = self.table
         M, N, n = tab.n_query_blocks, tab.n_kv_blocks, len(self.layers)
         self.capacity = self.H * tab.causal_block_count()  # every causal block of every head: an upper bound
-        self.offsets = torch.zeros(n, self.H, M + 1, dtype=torch.int32, device=self.device)
+        self.offsets = torch.empty(n, self.H, M + 1, dtype=torch.int32, device=self.device)
         self.indices = torch.empty(n, max(1, self.capacity), dtype=torch.int32, device=self.device)
-        if not (n and M and self.H):
+        self.work = None
+        if work is not None:
+            R = self.H * M
+            sizes = {"tile_order": R * work.split_max, "n_active": 1, "cap": 1, "slot_base": R}
+            self.work = {k: torch.empty(n, max(1, size), dtype=torch.int32, device=self.device)
+                         for k, size in sizes.items()}
+        if not (n and M and self.H):  # nothing to decode: empty lists, no tiles
+            for out in (self.offsets, *(self.work or {}).values()):
+                out.zero_()
             return
         common = [(k, "p", t[k].data_ptr()) for k, _ in _BITS]
         common += [(k, "p", getattr(tab, k).data_ptr()) for k in ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")]
@@ -67,9 +98,17 @@ class CudaDecoder:
         grid = (M, -(-self.H // DEC_HEADS), n)
         launch(fn["count"], grid, (DEC_THREADS, 1, 1), 0, common + [("counts", "p", counts.data_ptr())],
                self.device)
-        launch(fn["scan"], (n, 1, 1), (SCAN_THREADS, 1, 1), 0,
+        w, spec = self.work or {}, work or WorkSpec(1, 1, 1, 1)
+        n_bins = N + 1  # a part is never longer than the row, at most N blocks
+        if w and 4 * n_bins > SCAN_SMEM:
+            raise SiftError(f"the prompt's {N} KV blocks are too many for the work order's histogram; use KV "
+                            "blocks of 128 (--block-n 128)")
+        launch(fn["scan"], (n, 1, 1), (SCAN_THREADS, 1, 1), 4 * n_bins if w else 0,
                [("counts", "p", counts.data_ptr()), ("n_heads", "i", self.H), ("n_qblocks", "i", M),
-                ("offsets", "p", self.offsets.data_ptr())], self.device)
+                ("offsets", "p", self.offsets.data_ptr())]
+               + [(k, "p", w[k].data_ptr() if w else 0) for k in ("tile_order", "n_active", "cap", "slot_base")]
+               + [("per_step", "i", spec.per_step), ("sms", "i", spec.sms), ("split_max", "i", spec.split_max),
+                  ("min_blocks", "i", spec.min_blocks), ("n_bins", "i", n_bins)], self.device)
         launch(fn["write"], grid, (DEC_THREADS, 1, 1), 0,
                common + [("offsets", "p", self.offsets.data_ptr()), ("indices", "p", self.indices.data_ptr()),
                          ("capacity", "l", self.indices.shape[1])], self.device)

@@ -237,8 +237,8 @@ class _CaseRun:
                     runs.append(r)
             med = statistics.median
             ttft, runs_ms = med(r.ttft_ms for r in runs), [r.ttft_ms for r in runs]
-            transfer, decode = med(r.transfer_ms for r in runs), med(r.prepare.wall_ms for r in runs)
-            fwd, block_lists, capture_ms = med(r.forward.wall_ms for r in runs), runs[-1].plan.block_lists, None
+            transfer, decode = med(r.transfer_ms for r in runs), med(r.prepare_ms for r in runs)
+            fwd, block_lists, capture_ms = med(r.forward_ms for r in runs), runs[-1].plan.block_lists, None
             del runs
         cells, blocks = mean_densities(block_lists)
         ideal = self.full - (1 - cells) * self.attn_full
