@@ -37,3 +37,5 @@ def test_one_copy_to_the_gpu_keeps_every_tensor():
     _same(moved[:-1], ts, "cuda")
     assert moved[-1] is already or torch.equal(moved[-1], already)
     assert all(m.data_ptr() % 16 == 0 for m in moved[:-1] if m.numel())
+    big = torch.arange(40000, dtype=torch.int32)  # over device_copy.SMALL: moved alone
+    _same(to_device([big, ts[1]], "cuda"), [big, ts[1]], "cuda")
