@@ -10,6 +10,7 @@ the CSR block lists (block_lists.py) index into it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,15 +24,14 @@ QUERY_BLOCKS = ("segment", "grid")
 
 def _cut(segments: list[tuple[int, int, int]], block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, length, segment id) of each segment -> (start, length, segment id) of its blocks."""
-    starts, lengths, owners = [], [], []
-    for start, n, owner in segments:
-        offsets = np.arange(0, n, block)
-        starts.append(start + offsets)
-        lengths.append(np.minimum(block, n - offsets))
-        owners.append(np.full(len(offsets), owner))
-    if not starts:
+    if not segments:
         return (np.zeros(0, np.int32),) * 3
-    return tuple(np.concatenate(x).astype(np.int32) for x in (starts, lengths, owners))
+    start, length, owner = np.asarray(segments, dtype=np.int64).T
+    per = (length + block - 1) // block  # blocks of each segment
+    seg = np.repeat(np.arange(len(segments)), per)
+    offset = (np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)) * block
+    return tuple(a.astype(np.int32) for a in (start[seg] + offset, np.minimum(block, length[seg] - offset),
+                                               owner[seg]))
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,17 @@ class BlockTable:
     def device(self) -> torch.device:
         return self.q_start.device
 
+    TENSORS = ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, k) for k in self.TENSORS]
+
+    def with_tensors(self, tensors: list[torch.Tensor]) -> "BlockTable":
+        """The same table with `tensors` (in TENSORS order) in place of its own, e.g. moved to a device."""
+        return dataclasses.replace(self, **dict(zip(self.TENSORS, tensors)))
+
     def to(self, device) -> "BlockTable":
-        return BlockTable(*to_device([getattr(self, k) for k in ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")],
-                                     device),
-                          self.block_m, self.block_n, self.seq_len, self.query_blocks, self.n_causal_blocks)
+        return self.with_tensors(to_device(self.tensors(), device))
 
     def token_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 [L] query block of each row, int64 [L] KV block of each key."""

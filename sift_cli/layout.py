@@ -8,6 +8,7 @@ key and every later document sees all of its keys.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Collection
 
@@ -115,10 +116,17 @@ class PromptBits:
             doc_dense=i32(dense), layout=layout,
         )
 
+    TENSORS = ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len", "doc_dense")
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, k) for k in self.TENSORS]
+
+    def with_tensors(self, tensors: list[torch.Tensor]) -> "PromptBits":
+        """The same bits with `tensors` (in TENSORS order) in place of its own, e.g. moved to a device."""
+        return dataclasses.replace(self, **dict(zip(self.TENSORS, tensors)))
+
     def to(self, device) -> "PromptBits":
-        names = ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len", "doc_dense")
-        moved = dict(zip(names, to_device([getattr(self, k) for k in names], device)))
-        return PromptBits(tile=self.tile, n_layers=self.n_layers, n_heads=self.n_heads, layout=self.layout, **moved)
+        return self.with_tensors(to_device(self.tensors(), device))
 
     def dense_docs(self) -> list[int]:
         """Indices of the documents without bits."""

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +26,8 @@ from .attention.cuda import CudaBackend
 from .attention.integration import SparsePlan, prepare_plan, sparse_attention
 from .block_lists import decode_layer
 from .block_table import BlockTable
-from .cuda.decode import CudaDecoder
+from .cuda.decode import CudaDecoder, DecodedLayers
+from .device_copy import to_device
 from .errors import SiftError
 from .layout import PromptBits
 from .models import LoadedModel
@@ -76,13 +78,13 @@ def choose_decoder(device: torch.device) -> str:
 
 
 def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decoder: str = "torch", work=None
-                      ) -> tuple[list[BlockLists], tuple | None]:
+                      ) -> tuple[Sequence[BlockLists], tuple | None]:
     """Every layer's CSR lists over `table` (bits already on the device), and, from the CUDA decoder, the stacked
     (offsets, indices, work) of all layers; work: the attention kernel's work order when `work` (a
     cuda.decode.WorkSpec) asks the decoder for it, else None. The CUDA decoder never waits for the device."""
     if decoder == "cuda":
-        dec = CudaDecoder(bits, table, work=work)
-        return [dec.layer(layer) for layer in range(n_layers)], (dec.offsets, dec.indices, dec.work)
+        dec = CudaDecoder(bits, table, layers=range(n_layers), work=work)
+        return DecodedLayers(dec), (dec.offsets, dec.indices, dec.work)
     return [decode_layer(bits, layer, table) for layer in range(n_layers)], None
 
 
@@ -194,9 +196,11 @@ def dense_prefill(lm: LoadedModel, ids: torch.Tensor) -> ForwardRun:
 
 
 def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
-    """The prompt's bits and block table on the device (two copies, enqueued: no synchronisation)."""
-    bits = prompt.bits.to(device)  # every layer's bit vectors go to the device once per prompt
-    return bits, BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks, device)
+    """The prompt's bits (every layer's) and block table on the device, the small tensors of both in one copy."""
+    bits = prompt.bits
+    table = BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
+    moved = to_device(bits.tensors() + table.tensors(), device)
+    return bits.with_tensors(moved[: len(bits.TENSORS)]), table.with_tensors(moved[len(bits.TENSORS):])
 
 
 def prompt_table(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable, float]:

@@ -10,6 +10,7 @@ so preparing a prompt for the attention kernel launches nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,29 @@ class CudaDecoder:
         if not 0 <= i < len(self.layers):
             raise SiftError(f"layer {layer} is outside the decoded range {self.layers}")
         return BlockLists(self.offsets[i], self.indices[i], self.table)
+
+
+class DecodedLayers(Sequence):
+    """Every layer's BlockLists of one CudaDecoder, each made when first asked for: the sparse attention reads
+    the stacked arrays, and a view per layer would cost host time inside the time to first token."""
+
+    def __init__(self, decoder: CudaDecoder):
+        self._decoder = decoder
+        self._made: dict[int, BlockLists] = {}
+
+    def __len__(self) -> int:
+        return len(self._decoder.layers)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        if i not in self._made:
+            self._made[i] = self._decoder.layer(self._decoder.layers.start + i)
+        return self._made[i]
 
 
 def decode_layer_cuda(bits, table: BlockTable, layer: int) -> BlockLists:
