@@ -27,7 +27,7 @@ def to_device(tensors: list[torch.Tensor], device) -> list[torch.Tensor]:
     packed: dict[int, tuple[int, np.ndarray]] = {}
     total = 0
     for i, t in enumerate(tensors):
-        if t.device.type == "cpu" and t.numel() * t.element_size() <= SMALL:
+        if t.device.type == "cpu" and 0 < t.numel() * t.element_size() <= SMALL:
             raw = _bytes(t)
             if raw is not None:
                 packed[i] = (total, raw)

@@ -11,6 +11,7 @@ def _tensors():
     return [torch.randint(0, 255, (1001,), generator=g, dtype=torch.uint8),
             torch.randint(-9, 9, (3, 5), generator=g, dtype=torch.int32),
             torch.empty(0, dtype=torch.int64),
+            torch.empty(0, 3, dtype=torch.int32),
             torch.randint(-2**40, 2**40, (7,), generator=g, dtype=torch.int64),
             torch.randn(4, 6, generator=g).t(),  # not contiguous
             torch.tensor(True),
