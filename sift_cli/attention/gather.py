@@ -14,6 +14,7 @@ log-sum-exp; without it every block takes the general path.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,9 +30,10 @@ def _attend(q, k, v, scale, causal):
 
 
 def _merge(o1, l1, o2, l2):
-    mx = torch.maximum(l1, l2)
-    w1, w2 = torch.exp(l1 - mx), torch.exp(l2 - mx)
-    return (o1 * w1[..., None] + o2 * w2[..., None]) / (w1 + w2)[..., None], mx + torch.log(w1 + w2)
+    """Two partial softmaxes over disjoint keys → the one over all of them; l2 is finite (every row sees its own
+    key in the near part)."""
+    d = l1 - l2
+    return torch.lerp(o2, o1, torch.sigmoid(d)[..., None]), l2 + F.softplus(d)
 
 
 def _masked(q, kg, vg, keys, rows, scale, return_lse):
@@ -66,13 +68,16 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     indices = blocks.indices[: blocks.computed_blocks()].tolist()
     kv_start, kv_len = table.kv_start.tolist(), table.kv_len.tolist()
     pos = torch.arange(L, device=q.device)
-    starts, lens = table.kv_start.long(), table.kv_len.long()
-    within = torch.arange(table.block_n, device=q.device)
+    starts, lens = table.kv_start.cpu().numpy().astype(np.int64), table.kv_len.cpu().numpy().astype(np.int64)
 
-    def keys_of(kbs) -> torch.Tensor:
-        b = torch.tensor(kbs, dtype=torch.int64, device=q.device)
-        keys = starts[b][:, None] + within
-        return keys[within < lens[b][:, None]]
+    def keys_of(kbs) -> torch.Tensor:  # the keys of blocks kbs, in order
+        b = np.asarray(kbs, dtype=np.int64)
+        n = lens[b]
+        ends = np.cumsum(n)
+        return torch.from_numpy(np.arange(ends[-1]) + np.repeat(starts[b] - (ends - n), n)).to(q.device)
+
+    def pick(hs):  # a view for one head, an index otherwise
+        return slice(hs[0], hs[0] + 1) if len(hs) == 1 else hs
 
     def kv_rows(t, g, keys, n):  # KV head g's rows `keys`, shared (not copied) by n query heads
         return t[g].index_select(0, keys)[None].expand(n, -1, -1)
@@ -99,15 +104,16 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
                 o_near, l_near = _attend(qc[heads, r0:r1], kc[kv, r0:r1], vc[kv, r0:r1], scale, True)
             slot = {h: i for i, h in enumerate(heads)}
         for (far, g), hs in far_of.items():
-            idx = [slot[h] for h in hs]
+            idx = pick([slot[h] for h in hs])
             o, lo = o_near[idx], l_near[idx]
             if far:
                 keys = keys_of(far)
-                o_far, l_far = _attend(qc[hs, r0:r1], kv_rows(kc, g, keys, len(hs)), kv_rows(vc, g, keys, len(hs)),
-                                       scale, False)
+                o_far, l_far = _attend(qc[pick(hs), r0:r1], kv_rows(kc, g, keys, len(hs)),
+                                       kv_rows(vc, g, keys, len(hs)), scale, False)
                 o, lo = _merge(o_far, l_far, o, lo)
-            out[hs, r0:r1] = o.to(q.dtype)
-            lse[hs, r0:r1] = lo.float()
+            out[pick(hs), r0:r1] = o.to(q.dtype)
+            if return_lse:
+                lse[pick(hs), r0:r1] = lo.float()
         for h, listed in general:
             keys = keys_of(listed)
             o, lo = _masked(qc[h, r0:r1], kc[h // group].index_select(0, keys), vc[h // group].index_select(0, keys),
