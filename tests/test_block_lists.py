@@ -120,6 +120,23 @@ def test_table_blocks_follow_segments():
     assert int(t.causal_cells().sum()) == lay.seq_len * (lay.seq_len + 1) // 2
 
 
+def test_block_cut_matches_a_loop_over_segments():
+    """BlockTable's vectorised cut of segments into blocks equals cutting each segment in turn."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        prefix, suffix = int(rng.choice([0, 1, 16, 63, 64])), int(rng.choice([0, 1, 20, 129]))
+        docs = [int(x) for x in rng.choice([1, 63, 64, 65, 127, 128, 129, 300], size=rng.integers(0, 6))]
+        lay = PromptLayout.build(prefix, [f"d{i}" for i in range(len(docs))], docs, suffix)
+        segments = ([(0, prefix, -1)] if prefix else []) + [(d.start, d.n_tokens, i) for i, d in enumerate(lay.docs)]
+        segments += [(lay.docs_end, suffix, len(docs))] if suffix else []
+        for bm, bn in ((128, 64), (64, 128)):
+            t = BlockTable.for_layout(lay, bm, bn)
+            want = [(s + o, min(bn, n - o), owner) for s, n, owner in segments for o in range(0, n, bn)]
+            assert list(zip(t.kv_start.tolist(), t.kv_len.tolist(), t.kv_doc.tolist())) == want
+            assert list(zip(t.q_start.tolist(), t.q_len.tolist())) == [
+                (s + o, min(bm, n - o)) for s, n, _ in segments for o in range(0, n, bm)]
+
+
 def test_lists_are_canonical_and_consistent():
     """Per row: the blocks that need a mask (partial, or reaching past the row block's first row) first, then the
     rest, each group descending; the diagonal block leads."""

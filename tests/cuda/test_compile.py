@@ -71,6 +71,16 @@ def test_work_order_splits_long_rows_only():
     assert w["slot_base"][0].tolist() == [0, 0, 0, 0]  # one split row: its parts take slots 0..3
 
 
+def test_work_order_ties_are_part_major():
+    """Equal lengths keep the order the CUDA decoder's counting sort gives them: first parts of every row, then
+    second parts, rows in order (decode.cu computes the same order; the GPU tests compare them entry for entry)."""
+    offsets = torch.tensor([[[0, 40, 80, 81]]], dtype=torch.int32)  # rows of 40, 40 and 1 blocks
+    w = cuda_attention.work_order(offsets, per_step=1, sms=4, split_max=8, min_blocks=16)
+    order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
+    assert order == [0 * 8 + 0, 1 * 8 + 0, 0 * 8 + 1, 1 * 8 + 1, 0 * 8 + 2, 1 * 8 + 2, 2 * 8 + 0]  # 14s, 12s, 1
+    assert w["slot_base"][0].tolist() == [0, 3, 6]
+
+
 def test_sources_found_and_self_contained():
     for name in ("sparse_attn_fwd.cu", "decode.cu"):
         src = runtime.kernel_source(name)
