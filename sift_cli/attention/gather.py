@@ -14,6 +14,8 @@ log-sum-exp; without it every block takes the general path.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -83,7 +85,7 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
         return t[g].index_select(0, keys)[None].expand(n, -1, -1)
     for m, (r0, n_rows) in enumerate(zip(table.q_start.tolist(), table.q_len.tolist())):
         r1 = r0 + n_rows
-        near_blocks = [kb for kb in range(len(kv_start)) if r0 <= kv_start[kb] < r1]
+        near_blocks = list(range(bisect_left(kv_start, r0), bisect_left(kv_start, r1)))  # kv_start ascends
         far_of: dict[tuple, list[int]] = {}  # (far block list, KV head) → query heads
         general = []
         for h in range(H):
