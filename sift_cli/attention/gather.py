@@ -4,10 +4,9 @@ For each query block (rows [r0, r1)) and head, the listed KV blocks split in two
 so every row of the block sees all of them: no mask) and the near ones (keys in [r0, r1), the causal triangle).
 The far keys are gathered and attended without a mask, the near ones with SDPA's own causal kernel, and the two
 partial softmaxes are merged through their log-sum-exps. Heads of one KV head whose far blocks are the same share
-one call (and one gather of its keys),
-and a layer whose lists hold every causal block is one plain causal SDPA call. Where the near keys are not
-exactly [r0, r1) (query blocks on the global grid that straddle a segment), that head and block take the
-general path: one SDPA call with an explicit mask.
+one call (and one gather of its keys), and a layer whose lists hold every causal block is one plain causal SDPA
+call. Where the near keys are not exactly [r0, r1) (query blocks on the global grid that straddle a segment), that
+head and block take the general path: one SDPA call with an explicit mask.
 
 It computes the reference's function (SPEC §6). It needs PyTorch's CPU flash-attention op that returns the
 log-sum-exp; without it every block takes the general path.
