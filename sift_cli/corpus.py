@@ -219,9 +219,10 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def json_lines(path: Path) -> Iterator[tuple[str, object]]:
-    """(origin "file:line", value) of every non-blank line of a JSON Lines file, compressed or not; an unreadable
-    file or a bad line stops with one error naming it (a corpus is read leniently instead: `_read_jsonl`)."""
+def _jsonl_values(path: Path, unreadable: str) -> Iterator[tuple[str, object, ValueError | None]]:
+    """(origin "file:line", value, None) for every non-blank line of a JSON Lines file, compressed or not, and
+    (origin, None, the UnicodeDecodeError or JSONDecodeError) for a line that does not parse; an unreadable file
+    stops with one error ending in `unreadable` (what to do)."""
     try:
         with _open_binary(path) as f:
             for lineno, raw in enumerate(f, 1):
@@ -231,15 +232,25 @@ def json_lines(path: Path) -> Iterator[tuple[str, object]]:
                 try:
                     line = raw.decode("utf-8")
                     value = json.loads(line.removeprefix("\ufeff") if lineno == 1 else line)
-                except UnicodeDecodeError as exc:
-                    raise SiftError(f"{origin}: not valid UTF-8 — convert the file to UTF-8") from exc
-                except json.JSONDecodeError as exc:
-                    raise SiftError(f"{origin}: invalid JSON ({exc.msg})") from exc
-                yield origin, value
+                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    yield origin, None, exc
+                    continue
+                yield origin, value, None
     except SiftError:
         raise
     except Exception as exc:  # OSError, EOFError, zstandard's own error type for corrupt frames
-        raise SiftError(f"{path}: cannot read ({exc}) — the file is truncated or corrupt: re-create it") from exc
+        raise SiftError(f"{path}: cannot read ({exc}) — the file is truncated or corrupt: {unreadable}") from exc
+
+
+def json_lines(path: Path) -> Iterator[tuple[str, object]]:
+    """(origin "file:line", value) of every non-blank line of a JSON Lines file, compressed or not; an unreadable
+    file or a bad line stops with one error naming it (a corpus is read leniently instead: `_read_jsonl`)."""
+    for origin, value, bad in _jsonl_values(path, "re-create it"):
+        if isinstance(bad, UnicodeDecodeError):
+            raise SiftError(f"{origin}: not valid UTF-8 — convert the file to UTF-8") from bad
+        if bad is not None:
+            raise SiftError(f"{origin}: invalid JSON ({bad.msg})") from bad
+        yield origin, value
 
 
 def _record_document(rec, origin: str, fmt: CorpusFormat) -> Document | Skipped:
@@ -267,29 +278,13 @@ def _record_document(rec, origin: str, fmt: CorpusFormat) -> Document | Skipped:
 
 
 def _read_jsonl(path: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]:
-    try:
-        with _open_binary(path) as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                origin = f"{path}:{lineno}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield Skipped(origin, f"not valid UTF-8 (byte {exc.start} of the line)",
-                                  remedy="convert the file to UTF-8")
-                    continue
-                try:
-                    rec = json.loads(line.removeprefix("\ufeff") if lineno == 1 else line)
-                except json.JSONDecodeError as exc:
-                    yield Skipped(origin, f"invalid JSON ({exc.msg})")
-                    continue
-                yield _record_document(rec, origin, fmt)
-    except SiftError:
-        raise
-    except Exception as exc:  # OSError, EOFError, zstandard's own error type for corrupt frames
-        raise SiftError(f"{path}: cannot read ({exc}) — the file is truncated or corrupt: re-create or re-download "
-                        f"it") from exc
+    for origin, rec, bad in _jsonl_values(path, "re-create or re-download it"):
+        if isinstance(bad, UnicodeDecodeError):
+            yield Skipped(origin, f"not valid UTF-8 (byte {bad.start} of the line)", remedy="convert the file to UTF-8")
+        elif bad is not None:
+            yield Skipped(origin, f"invalid JSON ({bad.msg})")
+        else:
+            yield _record_document(rec, origin, fmt)
 
 
 def _read_parquet(path: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]:
