@@ -9,23 +9,16 @@ from sift_cli.attention.base import BlockLists
 from sift_cli.block_lists import (allowed_cells, block_mask_for_layer, cell_density, cells_over_allowed,
                                   computed_cells, decode_layer, dense_block_lists)
 from sift_cli.block_table import BlockTable
+from sift_cli.cuda.checks import awkward_layouts, random_case
 from sift_cli.bits import pack_doc
 from sift_cli.layout import PromptBits, PromptLayout, random_prompt_bits
 
-# lengths at and around block boundaries, empty prefix/suffix, one-token documents, a suffix shorter than a block
-AWKWARD = [(16, [300, 65, 1, 127, 900], 20), (0, [64, 63, 129], 0), (1, [1], 1), (63, [1000, 129, 64, 65], 127),
-           (0, [2048], 3), (48, [511, 513, 7, 700], 96), (5, [], 7)]
+AWKWARD = awkward_layouts()
 
 
-def random_prompt(rng, tile, n_layers=2, n_heads=3, doc_lengths=None, prefix_len=None, suffix_len=None,
-                  la_p=0.3, ca_p=0.3, dense_p=0.0):
-    if doc_lengths is None:
-        doc_lengths = [int(x) for x in rng.integers(1, 5 * tile, size=int(rng.integers(1, 5)))]
-    prefix_len = int(rng.integers(0, 70)) if prefix_len is None else prefix_len
-    suffix_len = int(rng.integers(0, 90)) if suffix_len is None else suffix_len
-    layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
-    dense = {d for d in range(len(doc_lengths)) if rng.random() < dense_p}
-    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng, dense)
+def random_prompt(rng, tile, dense_p=0.0, **kw):
+    """(bits, drawn arrays) on a random prompt of up to 4 documents of fewer than 5 tiles (`random_case`)."""
+    return random_case(rng, tile, dense_p=dense_p, max_docs=4, max_doc_tiles=5, max_prefix=69, max_suffix=89, **kw)
 
 
 def brute_force_token_mask(layout: PromptLayout, truth, tile, layer, n_heads):

@@ -51,18 +51,25 @@ def document_layout(rng, total: int, lo: int, hi: int, prefix_len: int = 16, suf
     return PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(lengths))], lengths, suffix_len)
 
 
-def random_case_bits(rng, tile: int, n_layers: int = 2, n_heads: int = 3, doc_lengths=None, prefix_len=None,
-                     suffix_len=None, la_p=0.3, ca_p=0.3, dense_p=0.2) -> PromptBits:
-    """Random bits on a prompt of random segments (those not given): up to 5 documents of up to 6 tiles, a prefix
-    of up to 139 tokens and a suffix of up to 199; each document is dense (no bits) with probability dense_p.
+def random_case(rng, tile: int, n_layers: int = 2, n_heads: int = 3, doc_lengths=None, prefix_len=None,
+                suffix_len=None, la_p=0.3, ca_p=0.3, dense_p=0.2, max_docs: int = 5, max_doc_tiles: int = 6,
+                max_prefix: int = 139, max_suffix: int = 199) -> tuple[PromptBits, list]:
+    """Random bits on a prompt of random segments (those not given): 1 to max_docs documents of fewer than
+    max_doc_tiles tiles, a prefix of up to max_prefix tokens and a suffix of up to max_suffix; each document is
+    dense (no bits) with probability dense_p. Returns the bits and the drawn arrays (`random_prompt_bits`).
     rng: a numpy Generator."""
     if doc_lengths is None:
-        doc_lengths = [int(x) for x in rng.integers(1, 6 * tile, size=int(rng.integers(1, 6)))]
-    prefix_len = int(rng.integers(0, 140)) if prefix_len is None else prefix_len
-    suffix_len = int(rng.integers(0, 200)) if suffix_len is None else suffix_len
+        doc_lengths = [int(x) for x in rng.integers(1, max_doc_tiles * tile, size=int(rng.integers(1, max_docs + 1)))]
+    prefix_len = int(rng.integers(0, max_prefix + 1)) if prefix_len is None else prefix_len
+    suffix_len = int(rng.integers(0, max_suffix + 1)) if suffix_len is None else suffix_len
     layout = PromptLayout.build(prefix_len, [f"d{i}" for i in range(len(doc_lengths))], doc_lengths, suffix_len)
     dense = {d for d in range(len(doc_lengths)) if rng.random() < dense_p}
-    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng, dense)[0]
+    return random_prompt_bits(layout, tile, n_layers, n_heads, la_p, ca_p, rng, dense)
+
+
+def random_case_bits(rng, tile: int, **kw) -> PromptBits:
+    """`random_case`'s bits alone."""
+    return random_case(rng, tile, **kw)[0]
 
 
 def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0, std: float = 1.0,
