@@ -10,13 +10,12 @@ the CSR block lists (block_lists.py) index into it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .device_copy import to_device
+from .device_copy import DeviceTensors
 from .layout import PromptLayout
 
 QUERY_BLOCKS = ("segment", "grid")
@@ -35,7 +34,7 @@ def _cut(segments: list[tuple[int, int, int]], block: int) -> tuple[np.ndarray, 
 
 
 @dataclass(frozen=True)
-class BlockTable:
+class BlockTable(DeviceTensors):
     """Query and KV block geometry of one prompt. Tensors are int32 and live on one device."""
 
     q_start: torch.Tensor  # [M]
@@ -88,17 +87,7 @@ class BlockTable:
     def device(self) -> torch.device:
         return self.q_start.device
 
-    TENSORS = ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [getattr(self, k) for k in self.TENSORS]
-
-    def with_tensors(self, tensors: list[torch.Tensor]) -> "BlockTable":
-        """The same table with `tensors` (in TENSORS order) in place of its own, e.g. moved to a device."""
-        return dataclasses.replace(self, **dict(zip(self.TENSORS, tensors)))
-
-    def to(self, device) -> "BlockTable":
-        return self.with_tensors(to_device(self.tensors(), device))
+    TENSORS = ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")  # moved together by DeviceTensors.to
 
     def token_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 [L] query block of each row, int64 [L] KV block of each key."""

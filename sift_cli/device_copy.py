@@ -3,6 +3,9 @@ tensors, most of a few bytes: one copy each costs tens of microseconds of host t
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import numpy as np
 import torch
 
@@ -47,3 +50,19 @@ def to_device(tensors: list[torch.Tensor], device) -> list[torch.Tensor]:
         else:
             out.append(t.to(device))
     return out
+
+
+class DeviceTensors:
+    """For a dataclass whose tensor fields, named in TENSORS, move to a device together (one copy, `to_device`)."""
+
+    TENSORS: ClassVar[tuple[str, ...]] = ()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, k) for k in self.TENSORS]
+
+    def with_tensors(self, tensors: list[torch.Tensor]):
+        """The same object with `tensors` (in TENSORS order) in place of its own, e.g. moved to a device."""
+        return dataclasses.replace(self, **dict(zip(self.TENSORS, tensors)))
+
+    def to(self, device):
+        return self.with_tensors(to_device(self.tensors(), device))

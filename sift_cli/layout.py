@@ -8,7 +8,6 @@ key and every later document sees all of its keys.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Collection
 
@@ -16,7 +15,7 @@ import numpy as np
 import torch
 
 from .bits import ca_nbytes, la_nbytes, n_pages, pack_doc
-from .device_copy import to_device
+from .device_copy import DeviceTensors
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class PromptLayout:
 
 
 @dataclass
-class PromptBits:
+class PromptBits(DeviceTensors):
     """All documents' bit vectors for one prompt, packed for the decoders.
 
     la[la_base[d] + (layer * H + h) * la_len[d] : ... + la_len[d]] is the LA vector of doc d, layer, head h;
@@ -117,16 +116,6 @@ class PromptBits:
         )
 
     TENSORS = ("la", "ca", "doc_start", "doc_len", "la_base", "la_len", "ca_base", "ca_len", "doc_dense")
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [getattr(self, k) for k in self.TENSORS]
-
-    def with_tensors(self, tensors: list[torch.Tensor]) -> "PromptBits":
-        """The same bits with `tensors` (in TENSORS order) in place of its own, e.g. moved to a device."""
-        return dataclasses.replace(self, **dict(zip(self.TENSORS, tensors)))
-
-    def to(self, device) -> "PromptBits":
-        return self.with_tensors(to_device(self.tensors(), device))
 
     def dense_docs(self) -> list[int]:
         """Indices of the documents without bits."""
