@@ -49,11 +49,17 @@ def _prompt(lm, docs, suffix="What is it?"):
         pos += len(t)
     return prefix, toks, suf, ids, starts
 
-def test_kv_reuse_of_a_single_document_is_the_dense_forward(deep_lm):
-    lm = deep_lm
-    prefix, toks, suf, ids, starts = _prompt(lm, ["The quick brown fox jumps over the lazy dog. " * 3])
+
+def _reused(lm, docs):
+    """The prompt of `docs` and each document's standalone KV re-positioned for it: (suffix, ids, keys, values)."""
+    prefix, toks, suf, ids, starts = _prompt(lm, docs)
     pkv, dkv = standalone_kv(lm.model, prefix, toks)
     keys, values = reused_kv(pkv, dkv, starts, len(prefix), inv_freq_of(lm.model))
+    return suf, ids, keys, values
+
+def test_kv_reuse_of_a_single_document_is_the_dense_forward(deep_lm):
+    lm = deep_lm
+    suf, ids, keys, values = _reused(lm, ["The quick brown fox jumps over the lazy dog. " * 3])
     logits, _, _ = kv_reuse_prefill(lm, keys, values, suf)
     with torch.inference_mode():
         dense = lm.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
@@ -61,10 +67,8 @@ def test_kv_reuse_of_a_single_document_is_the_dense_forward(deep_lm):
 
 def test_cacheblend_with_full_recompute_is_the_dense_forward(deep_lm):
     lm = deep_lm
-    prefix, toks, suf, ids, starts = _prompt(lm, ["Sphinx of black quartz, judge my vow. " * 2,
-                                                  "Pack my box with five dozen liquor jugs. " * 3])
-    pkv, dkv = standalone_kv(lm.model, prefix, toks)
-    keys, values = reused_kv(pkv, dkv, starts, len(prefix), inv_freq_of(lm.model))
+    suf, ids, keys, values = _reused(lm, ["Sphinx of black quartz, judge my vow. " * 2,
+                                          "Pack my box with five dozen liquor jugs. " * 3])
     with torch.inference_mode():
         dense = lm.model(input_ids=torch.tensor([ids]), use_cache=True)
     d_logits = dense.logits[0, -1].float()
@@ -75,10 +79,8 @@ def test_cacheblend_with_full_recompute_is_the_dense_forward(deep_lm):
 
 def test_cacheblend_recomputes_the_chosen_share(deep_lm):
     lm = deep_lm
-    prefix, toks, suf, ids, starts = _prompt(lm, ["Sphinx of black quartz, judge my vow. " * 4,
-                                                  "How vexingly quick daft zebras jump! " * 4])
-    pkv, dkv = standalone_kv(lm.model, prefix, toks)
-    keys, values = reused_kv(pkv, dkv, starts, len(prefix), inv_freq_of(lm.model))
+    suf, ids, keys, values = _reused(lm, ["Sphinx of black quartz, judge my vow. " * 4,
+                                          "How vexingly quick daft zebras jump! " * 4])
     n_ctx = len(ids) - len(suf)
     for mask in ("causal", "bottom-right"):
         res = blend_forward(lm.model, torch.tensor(ids), lambda li: (keys[li], values[li]), len(suf), 0.15, 1, mask)
