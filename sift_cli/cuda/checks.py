@@ -117,7 +117,8 @@ def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", b
     table = BlockTable.for_layout(bits.layout, block_m, block_n, query_blocks)
     gpu = bits.to("cuda")
     per_step = 2 if block_n == 64 else 1
-    dec = CudaDecoder(gpu, table, work=WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS))
+    split, unsplit = WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS)
+    dec = CudaDecoder(gpu, table, work=split)
     res = dict(tile=bits.tile, block_n=block_n, query_blocks=query_blocks, L=bits.layout.seq_len,
                docs=len(bits.layout.docs), ok=True, layers=bits.n_layers)
     for layer in range(bits.n_layers):
@@ -135,10 +136,8 @@ def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", b
     last = bits.n_layers - 1
     single = _same_lists(decode_layer_cuda(gpu, table, last), decode_layer(bits, last, table))
     res["single_layer_entry_ok"] = single
-    unsplit = CudaDecoder(gpu, table, work=WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS))
     res["work_order_ok"] = [_same_work(d.work, work_order(d.offsets, s.per_step, s.sms, s.split_max, s.min_blocks))
-                            for d, s in ((dec, WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS)),
-                                         (unsplit, WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS)))]
+                            for d, s in ((dec, split), (CudaDecoder(gpu, table, work=unsplit), unsplit))]
     res["ok"] = res["ok"] and single and all(res["work_order_ok"])
     return res
 
