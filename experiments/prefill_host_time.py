@@ -138,7 +138,7 @@ def measure(lm, prompt, repeat: int) -> dict:
     out["interleaved_ms"] = {"dense": statistics.median(dense_ms), "sift": statistics.median(sift_ms),
                              "sift_over_dense": statistics.median(s / d for s, d in zip(sift_ms, dense_ms)),
                              "sift_runs": [round(x, 2) for x in sift_ms], "dense_runs": [round(x, 2) for x in dense_ms]}
-    spec = backend.work_spec(table, dev)
+    spec = backend.work_spec(table, dev, lm.head_dim)
     out["decode"] = phase(lambda: decode_all_layers(bits, table, lm.n_layers, "cuda", spec), dev, repeat)
     out["decode_without_work_order"] = phase(lambda: decode_all_layers(bits, table, lm.n_layers, "cuda"), dev,
                                              repeat)

@@ -2,7 +2,7 @@
 against SIFT (cuda backend), eager and with CUDA graphs, beside the ideal for the density (dense minus the
 skipped share of dense attention, attention measured as dense minus a forward without attention).
 
-    python experiments/smollm2_prefill.py --data-dir DATA --out smollm2.json [--repeat 5]
+    python experiments/smollm2_prefill.py --data-dir DATA --out smollm2.json [--repeat 5] [--block-m 128,64]
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--nq-prompts", type=int, default=2)
+    ap.add_argument("--block-m", default="128", help="query block rows, comma-separated (one SIFT run per size)")
     ap.add_argument("--host-profile", default=None, help="write a cProfile of one eager prefill of each mode here")
     args = ap.parse_args()
     lm = load_model(None, device="cuda")
@@ -81,13 +82,13 @@ def main() -> None:
             if args.host_profile and name == "essays 4K":
                 with open(args.host_profile, "w") as f:
                     f.write(host_profile(lm, prompt, args.backend))
-            for graphs in (False, True):
+            for graphs, block_m in ((g, int(m)) for g in (False, True) for m in args.block_m.split(",")):
                 r = run_prefill(lm, prompt, PrefillOptions(backend=args.backend, repeat=args.repeat, warmup=2,
-                                                           cuda_graphs=graphs, max_new_tokens=8))
+                                                           cuda_graphs=graphs, max_new_tokens=8, block_m=block_m))
                 rest = no_attention_ms(lm, ids, graphs, args.repeat)
                 dense, sift, cells = r["dense"]["ttft_ms"], r["sift"]["ttft_ms"], r["density"]["cells"]
                 ideal = dense - (1 - cells) * max(0.0, dense - rest)
-                row = {"prompt": name, "tokens": r["prompt_tokens"]["total"], "cuda_graphs": graphs,
+                row = {"prompt": name, "tokens": r["prompt_tokens"]["total"], "cuda_graphs": graphs, "block_m": block_m,
                        "dense_ms": dense, "sift_ms": sift, "sift_over_dense": sift / dense,
                        "no_attention_ms": rest, "ideal_ms": ideal, "sift_over_ideal": sift / ideal,
                        "dense_host_ms": r["dense"]["host_ms"], "dense_gpu_ms": r["dense"]["gpu_ms"],
@@ -102,10 +103,10 @@ def main() -> None:
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"{'prompt':<16}{'tokens':>7}{'graphs':>7}{'dense':>8}{'SIFT':>8}{'ideal':>8}{'S/D':>6}{'S/ideal':>8}"
+    print(f"{'prompt':<16}{'tokens':>7}{'graphs':>7}{'rows':>5}{'dense':>8}{'SIFT':>8}{'ideal':>8}{'S/D':>6}{'S/ideal':>8}"
           f"{'density':>8}{'c/a':>7}")
     for r in rows:
-        print(f"{r['prompt']:<16}{r['tokens']:>7}{str(r['cuda_graphs']):>7}{r['dense_ms']:>8.2f}{r['sift_ms']:>8.2f}"
+        print(f"{r['prompt']:<16}{r['tokens']:>7}{str(r['cuda_graphs']):>7}{r['block_m']:>5}{r['dense_ms']:>8.2f}{r['sift_ms']:>8.2f}"
               f"{r['ideal_ms']:>8.2f}{r['sift_over_dense']:>6.2f}{r['sift_over_ideal']:>8.3f}"
               f"{r['cell_density']:>8.3f}{r['cells_over_allowed']:>7.3f}")
 

@@ -265,7 +265,7 @@ __device__ __forceinline__ void row_parts(int n, int cap, int split_max, int per
 //
 // With tile_order set it also computes the attention kernel's work order (cuda/attention.py's work_order, equal
 // to it entry for entry), so a prompt's preparation launches nothing else: rows R = H * M are cut into parts of
-// about cap = max(min_blocks, total / (2 sms)) blocks (at most split_max, whole steps of per_step blocks), the
+// about cap = max(min_blocks, total / (2 ctas)) blocks (at most split_max, whole steps of per_step blocks), the
 // virtual tiles v = row * split_max + part sorted by length, longest first, ties in part-major order (part, then
 // row); n_active (tiles with a part), split_cap (cap) and split_slot (first workspace slot of each split row:
 // exclusive sums of the part counts of split rows). Dynamic shared memory: n_bins ints, n_bins > the longest part.
@@ -273,7 +273,7 @@ __device__ __forceinline__ void row_parts(int n, int cap, int split_max, int per
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int* __restrict__ offsets,
                  int* __restrict__ tile_order, int* __restrict__ n_active, int* __restrict__ split_cap,
-                 int* __restrict__ split_slot, int per_step, int sms, int split_max, int min_blocks, int n_bins) {
+                 int* __restrict__ split_slot, int per_step, int ctas, int split_max, int min_blocks, int n_bins) {
   extern __shared__ int bins[];
   __shared__ int warp_tot[33];
   const int z = blockIdx.x;
@@ -295,7 +295,7 @@ sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int
   }
   if (tile_order == nullptr) return;
 
-  const int cap = max(min_blocks, (int)(((long long)total + 2LL * sms - 1) / (2LL * sms)));
+  const int cap = max(min_blocks, (int)(((long long)total + 2LL * ctas - 1) / (2LL * ctas)));
   int split_parts = 0, my_parts = 0;
   for (int i = lo; i < hi; ++i) {
     int parts, chunk;

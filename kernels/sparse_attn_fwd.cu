@@ -19,8 +19,8 @@
 // tile's list as packed (key start, key count) entries in shared memory, two tiles ahead; lane 0 of warp 0 loads,
 // through TMA, the tile's Q (at the block's first row, into one of two Q buffers) and each listed K and V block
 // (at the block's first key, any row) into a STAGES-deep ring. With PAIR, a pipeline step gathers two 64-key
-// table blocks into the two halves of a 128-key tile. Warpgroups 1 and 2 are consumers, each owning 64 query
-// rows. Per step a consumer warpgroup issues
+// table blocks into the two halves of a 128-key tile. Warpgroups 1 (and 2, with BLOCK_M 128) are consumers, each
+// owning 64 query rows. Per step a consumer warpgroup issues
 //     S = Q K^T      (wgmma m64nBNk16, A and B from shared memory, fp32 accumulators in registers)
 //     O += P V       (wgmma m64nDk16, A = P from registers as bf16, B = V from shared memory, MN-major)
 // with the QK^T of step j+1 issued before the softmax of step j finishes (intra-warpgroup overlap), and an
@@ -31,7 +31,8 @@
 //
 // Written without any #include so NVRTC needs no CUDA headers: bf16 is raw 16-bit, conversions are PTX.
 // Compile-time parameters (macros): HEAD_DIM in {64, 128}, BLOCK_N in {64, 128} (keys per step), STAGES >= 1,
-// PAIR (BLOCK_N 128 over 64-key table blocks). Grid: min(#tiles, #SMs), 384 threads; dynamic shared memory:
+// PAIR (BLOCK_N 128 over 64-key table blocks), BLOCK_M in {64, 128}. Grid: min(#tiles, #SMs x CTAs per SM),
+// 128 x (1 + BLOCK_M / 64) threads; dynamic shared memory:
 // sift_cli.cuda.attention.attention_smem_bytes.
 
 #ifndef HEAD_DIM
@@ -43,8 +44,27 @@
 #ifndef STAGES
 #define STAGES 2
 #endif
+// BLOCK_M: query rows per tile, 64 per consumer warpgroup. 128: two consumer warpgroups in pingpong, one CTA per
+// SM. 64: one consumer warpgroup, two CTAs per SM (the other CTA's GEMMs overlap this one's softmax, prologue and
+// epilogue), which lets query blocks follow 64-token tile rows exactly.
+#ifndef BLOCK_M
 #define BLOCK_M 128
-#define NUM_THREADS 384
+#endif
+#if (BLOCK_M != 64 && BLOCK_M != 128)
+#error "BLOCK_M must be 64 or 128"
+#endif
+#define CONSUMER_WGS (BLOCK_M / 64)
+#define NUM_THREADS (128 * (1 + CONSUMER_WGS))
+#define CONSUMERS (128 * CONSUMER_WGS)
+#define MIN_CTAS (3 - CONSUMER_WGS)  // CTAs per SM the registers are budgeted for
+// Registers per thread after setmaxnreg (producer / consumer): the CTA's launch allocation moved to the consumers.
+#if BLOCK_M == 128
+#define PRODUCER_REGS 40
+#define CONSUMER_REGS 232
+#else
+#define PRODUCER_REGS 40
+#define CONSUMER_REGS 216
+#endif
 
 #if (HEAD_DIM != 64 && HEAD_DIM != 128)
 #error "HEAD_DIM must be 64 or 128"
@@ -128,7 +148,10 @@ __device__ __forceinline__ void fence_regs_u(u32* r) {
 // Named barriers 1 and 2 order the two consumer warpgroups' GEMM issue (FA3's "pingpong"): a warpgroup waits
 // for its turn, issues its wgmmas, then hands the turn to the other, so one's softmax overlaps the other's GEMMs.
 #ifndef PINGPONG
-#define PINGPONG 1
+#define PINGPONG (CONSUMER_WGS == 2)
+#endif
+#if PINGPONG && CONSUMER_WGS != 2
+#error "PINGPONG takes turns between two consumer warpgroups (BLOCK_M 128)"
 #endif
 __device__ __forceinline__ void sched_wait(int cw) {
 #if PINGPONG
@@ -363,7 +386,6 @@ __device__ __forceinline__ void rescale_o(float* o, float corr_a, float corr_b) 
 #define TILE_FULL(i) (sBar + 8u * (4 + 4 * STAGES + (i)))   // a tile and its list are staged in slot i
 #define TILE_EMPTY(i) (sBar + 8u * (6 + 4 * STAGES + (i)))  // the loader and the consumers are done with slot i
 #define N_BARRIERS (8 + 4 * STAGES)
-#define CONSUMERS 256
 
 // A staged tile: head (-1: no more tiles), list length, how many listed blocks need the mask (a prefix of the
 // list), first row and row count of its query block, which split of its row it is and of how many, and the row.
@@ -385,8 +407,8 @@ __device__ __forceinline__ void split_row(int n, int cap, int split_max, int& n_
   n_splits = (n + chunk - 1) / chunk;
 }
 
-// All 256 consumer threads (named barrier 3; 1 and 2 are the pingpong turns).
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 3, 256;" ::: "memory"); }
+// All consumer threads (named barrier 3; 1 and 2 are the pingpong turns).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 3, %0;" ::"n"(CONSUMERS) : "memory"); }
 
 // True when block (k0, kn) needs the masked softmax in a tile whose first row is q0: partial, or its last key
 // lies past q0. The same predicate orders the lists (sift_cli's builders), so these blocks are a prefix.
@@ -475,7 +497,7 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
 // ----------------------------------------------------------------------------------------------------------
 // The kernel
 // ----------------------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_CTAS)
 sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
                      const __grid_constant__ TmaDesc tmap_v, bf16_t* __restrict__ out, long long out_row_stride,
                      long long out_head_stride, float* __restrict__ lse, const int* __restrict__ offsets,
@@ -528,7 +550,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
   if (wg == 0) {
     // ---------------- producer warpgroup: warp 1 schedules, lane 0 of warp 0 loads, warps 2-3 only give
     // their registers away ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
     if (warp_id == 1) {
       // Scheduler: takes tiles (blockIdx.x first, then the atomic counter) and stages each one's list of
       // (key start, key count) entries in a free slot, up to two tiles ahead of the consumers.
@@ -653,7 +675,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
     }
   } else {
     // ---------------- consumer warpgroups ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     const int cw = wg - 1;  // which 64-row half of the query block
     const int t = tid & 127;
     const int warp = t >> 5, lane = t & 31;

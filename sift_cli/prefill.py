@@ -108,7 +108,8 @@ def prepare_sparse(lm: LoadedModel, bits: PromptBits, table: BlockTable, backend
     side.wait_stream(main)
     ready = torch.cuda.Event()  # recorded after all the side stream's work: the first sparse layer waits for it
     with torch.cuda.stream(side):
-        block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder, backend.work_spec(table, dev))
+        spec = backend.work_spec(table, dev, lm.head_dim)
+        block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder, spec)
         attend = backend.prepare(table, block_lists, stacked, ready=ready)
         ready.record(side)
     return SparsePlan(backend.name, table, block_lists, attend)

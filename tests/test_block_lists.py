@@ -101,6 +101,17 @@ def test_awkward_segments(prefix, docs, suffix, query_blocks, dense_p):
     assert cells_over_allowed(pb, layers) == pytest.approx(computed / allowed)
 
 
+@pytest.mark.parametrize("prefix,docs,suffix", AWKWARD)
+def test_tile_sized_segment_blocks_compute_exactly_the_allowed_cells(prefix, docs, suffix):
+    """With query and KV blocks both cut per segment at the tile size (64), every block is one (tile row, tile or
+    page) cell of the bits, so SPEC §6's measure is exactly 1."""
+    rng = np.random.default_rng(prefix + len(docs))
+    pb, _ = random_prompt(rng, 64, doc_lengths=docs, prefix_len=prefix, suffix_len=suffix, la_p=0.3, ca_p=0.3,
+                          dense_p=0.3)
+    table = BlockTable.for_layout(pb.layout, 64, 64, "segment")
+    assert cells_over_allowed(pb, [decode_layer(pb, layer, table) for layer in range(pb.n_layers)]) == 1.0
+
+
 def test_table_blocks_follow_segments():
     lay = PromptLayout.build(16, ["a", "b"], [130, 64], 20)
     t = BlockTable.for_layout(lay, 128, 64)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..cuda.attention import (SPLIT_MAX, SPLIT_MIN_BLOCKS, SparseAttentionPlan, paired, sparse_attention_forward,
-                              stack_block_lists, work_order)
+from ..cuda.attention import (SPLIT_MAX, SPLIT_MIN_BLOCKS, SparseAttentionPlan, kernel_config, persistent_ctas,
+                              sparse_attention_forward, stack_block_lists)
 from ..cuda.decode import WorkSpec
-from ..cuda.runtime import sm_count
 from ..errors import SiftError
 from .base import BlockLists
 
@@ -42,21 +41,19 @@ class CudaBackend:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
         return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split)
 
-    def work_spec(self, table, device) -> WorkSpec:
+    def work_spec(self, table, device, head_dim: int) -> WorkSpec:
         """What this backend's work order needs, for a CUDA decoder that computes it with the lists."""
-        return WorkSpec(2 if paired(table.block_n, self.pair) else 1, sm_count(torch.device(device)),
+        cfg = kernel_config(head_dim, table.block_n, self.pair, block_m=table.block_m)
+        return WorkSpec(cfg.per_step, persistent_ctas(cfg, table.n_kv_blocks, torch.device(device)),
                         SPLIT_MAX if self.split else 1, SPLIT_MIN_BLOCKS)
 
     def prepare(self, table, block_lists: list[BlockLists], stacked=None, ready=None):
         """attend(layer, q, k, v, scale) over every layer's lists, launched through one SparseAttentionPlan (built
         at the first call, when the heads and head dim are known). stacked: (offsets, indices[, work]) of all
-        layers from one decode; the work order is computed here unless the decoder did (`work_spec`).
+        layers from one decode; the work order is the plan's unless the decoder computed it (`work_spec`).
         ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
         offsets, indices = stacked[:2] if stacked is not None else stack_block_lists(block_lists)
-        work = stacked[2] if stacked is not None and len(stacked) > 2 else None
-        if work is None:
-            spec = self.work_spec(table, offsets.device)
-            work = work_order(offsets, spec.per_step, spec.sms, spec.split_max, spec.min_blocks)
+        work = stacked[2] if stacked is not None and len(stacked) > 2 else None  # else the plan computes it
         state: dict = {}
 
         def attend(layer, q, k, v, scale):

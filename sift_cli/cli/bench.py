@@ -85,6 +85,8 @@ def bench_prefill(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture full recompute and SIFT (decode "
                                                                   "included) as CUDA graphs; time the replays"),
     query_blocks: str = typer.Option("segment", "--query-blocks", help="segment or grid (block_table.py)"),
+    block_m: str = typer.Option("128", "--block-m", help="SIFT's query block rows, 128 and/or 64 (comma-separated: "
+                                                          "one SIFT row per size)"),
     unprofiled: int = typer.Option(0, "--unprofiled", help="documents per 8B-shaped prompt left without bits "
                                                            "(computed densely), evenly spread"),
     save: Optional[Path] = typer.Option(None, "--save"),
@@ -99,7 +101,7 @@ def bench_prefill(
                  _doc_tokens(doc_tokens), tuple(m.strip() for m in modes.split(",")),
                  tuple(b.strip() for b in backends.split(",")), repeat, warmup, energy, ratio, ssd_gbps, data_dir,
                  model, cpu_smoke, log=log, cuda_graphs=cuda_graphs, query_blocks=query_blocks,
-                 unprofiled=unprofiled)
+                 unprofiled=unprofiled, block_ms=_block_ms(block_m))
     finish(result, save, plot, "plot_bench", as_json, lambda res: render_bench(res["rows"], res["cpu_smoke"]),
            plot_of=lambda res: res["rows"])
 
@@ -122,6 +124,16 @@ def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
                   fmt(r.get("cells_over_allowed"), 3), fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3), fmt(r.get("energy_j"), 2),
                   fmt(r.get("tokens_per_j"), 0), fmt(r.get("edp"), 3), fmt(r.get("ed2p"), 3))
     out.print(t)
+
+
+def _block_ms(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or any(x not in (64, 128) for x in sizes):
+        raise SiftError(f"--block-m {text!r}: expected 128, 64 or both (128,64)")
+    return sizes
 
 
 def _doc_tokens(text: str) -> int | tuple[int, int]:

@@ -7,8 +7,11 @@ descriptor templates); a call for one layer re-targets three descriptors and two
 device synchronisation, no per-layer allocation besides the output, so it can be captured in a CUDA graph.
 `sparse_attention_forward(q, k, v, blocks, scale)` is the one-layer convenience the tests and benchmarks use.
 
-Configurations: head_dim 64 or 128; KV blocks of the table 64 or 128 keys wide. A table of 64-key blocks runs
-`paired` by default: each pipeline step gathers two listed 64-key blocks (any rows) into one 128-key tile.
+Configurations: head_dim 64 or 128; KV blocks of the table 64 or 128 keys wide; query blocks of 128 rows (two
+consumer warpgroups in pingpong, one CTA per SM) or 64 rows (one consumer warpgroup, two CTAs per SM). A table of
+64-key blocks runs `paired` by default (each pipeline step gathers two listed 64-key blocks, any rows, into one
+128-key tile), except with 64-row query blocks at head_dim 128, where a paired ring would not leave room for a
+second CTA on the SM.
 """
 
 from __future__ import annotations
@@ -21,15 +24,16 @@ import torch
 from ..attention.base import BlockLists
 from ..block_table import BlockTable
 from ..errors import SiftError
-from .runtime import PackedLaunch, TensorMapTemplate, check_device, compiled_module, function_ptr, sm_count
+from .runtime import (PackedLaunch, TensorMapTemplate, check_device, compiled_module, function_ptr, resident_ctas,
+                      sm_count)
 
-BLOCK_M = 128
-ATTN_THREADS = 384
+BLOCK_MS = (64, 128)
 HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
 SPLIT_MAX = 8  # a long row is cut into at most this many parts (split-KV) ...
 SPLIT_MIN_BLOCKS = 16  # ... of at least this many blocks each
 MAX_SMEM = 227 * 1024  # dynamic shared memory a Hopper CTA can have
+SM_SMEM = 228 * 1024  # shared memory of one SM, 1 KiB of it reserved per resident CTA
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class KernelConfig:
     block_n: int  # keys per pipeline step (the compute tile)
     pair: bool  # two 64-key table blocks per step
     stages: int
+    block_m: int = 128  # query rows per tile: 64 per consumer warpgroup
 
     @property
     def key_block(self) -> int:
@@ -48,29 +53,47 @@ class KernelConfig:
     def per_step(self) -> int:
         return 2 if self.pair else 1
 
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.block_m // 64)  # the producer warpgroup and one consumer warpgroup per 64 rows
 
-def paired(table_block_n: int, pair: bool | None = None) -> bool:
-    """Whether a pipeline step gathers two 64-key table blocks: by default exactly when the table's blocks are 64."""
-    return (table_block_n == 64) if pair is None else pair
+
+def paired(table_block_n: int, pair: bool | None = None, head_dim: int = 128, block_m: int = 128) -> bool:
+    """Whether a pipeline step gathers two 64-key table blocks: by default when the table's blocks are 64, except
+    for 64-row query blocks at head_dim 128 (two CTAs per SM need the smaller ring)."""
+    if pair is not None:
+        return pair
+    return table_block_n == 64 and not (block_m == 64 and head_dim == 128)
 
 
 def kernel_config(head_dim: int, table_block_n: int, pair: bool | None = None,
-                  stages: int | None = None) -> KernelConfig:
+                  stages: int | None = None, block_m: int = 128) -> KernelConfig:
     if head_dim not in HEAD_DIMS:
         raise SiftError(f"the cuda backend supports head_dim 64 and 128, not {head_dim}")
     if table_block_n not in BLOCK_NS:
         raise SiftError(f"the cuda backend supports KV blocks of 64 and 128, not {table_block_n}")
-    pair = paired(table_block_n, pair)
+    if block_m not in BLOCK_MS:
+        raise SiftError(f"the cuda backend supports query blocks of 64 and 128 rows, not {block_m}")
+    pair = paired(table_block_n, pair, head_dim, block_m)
     if pair and table_block_n != 64:
         raise SiftError("paired steps gather two 64-key blocks; the table has blocks of 128")
     block_n = 128 if pair else table_block_n
-    # Ring depth measured on the H200 (docs/kernels.md).
-    stages = stages or (3 if (head_dim == 128 and block_n == 64) else 2)
-    return KernelConfig(head_dim, block_n, pair, stages)
+    # Ring depth measured on the H200 (docs/kernels.md); two stages keep two 64-row CTAs on an SM.
+    stages = stages or (3 if (head_dim == 128 and block_n == 64 and block_m == 128) else 2)
+    return KernelConfig(head_dim, block_n, pair, stages, block_m)
+
+
+def persistent_ctas(cfg: KernelConfig, list_cap: int, device: torch.device, extra: dict | None = None) -> int:
+    """The launch's persistent CTAs: one per SM, or for 64-row query blocks as many as the driver keeps resident
+    (two when their shared memory fits; the kernel's registers are budgeted for two)."""
+    if cfg.block_m == 128:
+        return sm_count(device)
+    func, smem = attention_function(cfg, device.index, list_cap, extra)
+    return sm_count(device) * max(1, min(2, resident_ctas(func, cfg.threads, smem)))
 
 
 def attention_smem_bytes(cfg: KernelConfig, list_cap: int) -> int:
-    q = 2 * BLOCK_M * cfg.head_dim * 2  # two Q buffers
+    q = 2 * cfg.block_m * cfg.head_dim * 2  # two Q buffers
     kv = 2 * cfg.stages * cfg.block_n * cfg.head_dim * 2
     barriers = 8 * (8 + 4 * cfg.stages)
     tile_slots = 16 + 2 * 32 + 16  # alignment, two tile slots, the split-KV flag
@@ -81,7 +104,7 @@ def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extr
                        ) -> tuple[int, int]:
     """(CUfunction, dynamic shared memory bytes) for one configuration, compiled once per process."""
     defines = (("HEAD_DIM", cfg.head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages),
-               ("PAIR", int(cfg.pair)))
+               ("PAIR", int(cfg.pair)), ("BLOCK_M", cfg.block_m))
     defines += tuple(sorted((extra or {}).items()))
     smem = attention_smem_bytes(cfg, list_cap)
     if smem > MAX_SMEM:
@@ -98,13 +121,13 @@ def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extr
 _FUNCTIONS: dict = {}
 
 
-def work_order(offsets: torch.Tensor, per_step: int, sms: int, split_max: int = SPLIT_MAX,
+def work_order(offsets: torch.Tensor, per_step: int, ctas: int, split_max: int = SPLIT_MAX,
                min_blocks: int = SPLIT_MIN_BLOCKS) -> dict[str, torch.Tensor]:
     """The kernel's virtual tiles for lists `offsets` int32 [..., H, M + 1] (any leading layer dims), on the device
     with no host synchronisation.
 
-    A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / (2 SMs)), so
-    only rows much longer than a fair share per SM are split (the kernel computes the same cut, `split_row`). The
+    A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / (2 ctas)), so
+    only rows much longer than a fair share per persistent CTA are split (the kernel computes the same cut, `split_row`). The
     parts run longest first (ties: first parts before second parts, then rows in order). Returns per leading index:
     tile_order [R * split_max] (virtual tile ids, row * split_max + part; the first n_active are the tiles),
     n_active [1], cap [1], slot_base [R] (first workspace slot of a split row). The CUDA decoder computes the same
@@ -112,7 +135,7 @@ def work_order(offsets: torch.Tensor, per_step: int, sms: int, split_max: int = 
     lead = offsets.shape[:-2]
     counts = (offsets[..., 1:] - offsets[..., :-1]).reshape(*lead, -1).long()  # [..., R]
     total = counts.sum(-1, keepdim=True)
-    cap = torch.clamp((total + 2 * sms - 1) // (2 * sms), min=min_blocks)
+    cap = torch.clamp((total + 2 * ctas - 1) // (2 * ctas), min=min_blocks)
     parts = torch.clamp((counts + cap - 1) // cap, min=1, max=split_max)
     chunk = torch.clamp(((counts + parts - 1) // parts + per_step - 1) // per_step * per_step, min=1)
     parts = torch.where(counts > 0, (counts + chunk - 1) // chunk, torch.ones_like(counts))
@@ -165,9 +188,7 @@ class SparseAttentionPlan:
                  stages: int | None = None, extra: dict | None = None, work: dict | None = None):
         self.device = offsets.device
         check_device(offsets, "the block lists")
-        if table.block_m != BLOCK_M:
-            raise SiftError(f"the cuda backend needs query blocks of {BLOCK_M} rows, the table has {table.block_m}")
-        self.cfg = kernel_config(head_dim, table.block_n, pair, stages)
+        self.cfg = kernel_config(head_dim, table.block_n, pair, stages, table.block_m)
         self.table = table.to(self.device)
         self.H, self.H_kv, self.D, self.L = n_heads, n_kv_heads, head_dim, table.seq_len
         M, N = table.n_query_blocks, table.n_kv_blocks
@@ -175,14 +196,14 @@ class SparseAttentionPlan:
             raise SiftError(f"block lists are [{offsets.shape[1]}, {offsets.shape[2] - 1}] (heads, query blocks); "
                             f"the model has {n_heads} heads and the table {M} query blocks")
         self.offsets, self.indices = offsets.contiguous(), indices.contiguous()
-        sms = sm_count(self.device)
         split_max = SPLIT_MAX if split else 1
-        self.work = work if work is not None else work_order(self.offsets, self.cfg.per_step, sms, split_max)
         self.func, self.smem = attention_function(self.cfg, self.device.index, N, extra)
-        ws_slots = 4 * sms + 8 if split else 1  # split parts never exceed 2 * total / cap <= 4 SMs
-        self.workspace, self.arrivals, self.sched = _scratch(self.device, ws_slots * BLOCK_M * (head_dim + 2),
-                                                             n_heads * M)
-        self.grid = (min(n_heads * M * split_max, sms), 1, 1)
+        ctas = persistent_ctas(self.cfg, N, self.device, extra)
+        self.work = work if work is not None else work_order(self.offsets, self.cfg.per_step, ctas, split_max)
+        ws_slots = 4 * ctas + 8 if split else 1  # split parts never exceed 2 * total / cap <= 4 CTAs' worth
+        self.workspace, self.arrivals, self.sched = _scratch(self.device,
+                                                             ws_slots * self.cfg.block_m * (head_dim + 2), n_heads * M)
+        self.grid = (min(n_heads * M * split_max, ctas), 1, 1)
         self.split_max = split_max
         self.scale = scale
         self._templates: dict[str, TensorMapTemplate] = {}  # q, k, v descriptors, re-targeted per call
@@ -192,7 +213,7 @@ class SparseAttentionPlan:
 
     def _prepare_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedLaunch:
         t = self.table
-        self._templates = {"q": TensorMapTemplate(q, BLOCK_M), "k": TensorMapTemplate(k, self.cfg.key_block),
+        self._templates = {"q": TensorMapTemplate(q, self.cfg.block_m), "k": TensorMapTemplate(k, self.cfg.key_block),
                            "v": TensorMapTemplate(v, self.cfg.key_block)}
         self._strides = (q.stride(), k.stride(), v.stride())
         args = [("tq", "map", self._templates["q"].map), ("tk", "map", self._templates["k"].map),
@@ -206,7 +227,7 @@ class SparseAttentionPlan:
                 ("seq_len", "i", self.L), ("n_heads", "i", self.H), ("group", "i", self.H // self.H_kv),
                 ("n_qblocks", "i", t.n_query_blocks), ("list_cap", "i", t.n_kv_blocks),
                 ("scale_log2", "f", self.scale * math.log2(math.e)), ("write_lse", "i", 0)]
-        return PackedLaunch(self.func, self.grid, (ATTN_THREADS, 1, 1), self.smem, args)
+        return PackedLaunch(self.func, self.grid, (self.cfg.threads, 1, 1), self.smem, args)
 
     def _layer_pointers(self) -> list[tuple[int, ...]]:
         """Per layer, the addresses of its lists and work order (looked up once, not per call)."""

@@ -19,7 +19,7 @@ from ..attention.reference import block_sparse_attention
 from ..block_lists import block_lists_from_mask, decode_layer, dense_block_lists
 from ..block_table import BlockTable
 from ..layout import PromptBits, PromptLayout, random_prompt_bits
-from .attention import BLOCK_M, SPLIT_MAX, SPLIT_MIN_BLOCKS, sparse_attention_forward, work_order
+from .attention import SPLIT_MAX, SPLIT_MIN_BLOCKS, sparse_attention_forward, work_order
 from .decode import CudaDecoder, WorkSpec, decode_layer_cuda
 
 ROW_BOUND = 2e-2  # worst row's ‖out − ref‖ / ‖ref‖ (bf16 inputs and output, bf16 P)
@@ -93,7 +93,7 @@ def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0,
     torch.cuda.synchronize()
     ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), blocks, scale, return_lse=True)
     o = out.float()
-    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_n=blocks.block_n, query_blocks=blocks.table.query_blocks,
+    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_m=blocks.block_m, block_n=blocks.block_n, query_blocks=blocks.table.query_blocks,
                density=round(blocks.density(), 4), nan_out=int(torch.isnan(o).sum()),
                nan_lse=int(torch.isnan(lse).sum()), variant={k: v for k, v in variant.items()})
     row_err = ((o - ref).nan_to_num(nan=1e30).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30))  # [H, L]
@@ -111,7 +111,7 @@ def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0,
     return res
 
 
-def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", block_m: int = BLOCK_M) -> dict:
+def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", block_m: int = 128) -> dict:
     """The CUDA decoder on every layer of `bits` against `decode_layer` (order included), and its one-layer
     entry point; the work order it computes alongside against `work_order`, with splits (4 SMs) and without."""
     table = BlockTable.for_layout(bits.layout, block_m, block_n, query_blocks)
@@ -119,7 +119,7 @@ def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", b
     per_step = 2 if block_n == 64 else 1
     split, unsplit = WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS)
     dec = CudaDecoder(gpu, table, work=split)
-    res = dict(tile=bits.tile, block_n=block_n, query_blocks=query_blocks, L=bits.layout.seq_len,
+    res = dict(tile=bits.tile, block_m=block_m, block_n=block_n, query_blocks=query_blocks, L=bits.layout.seq_len,
                docs=len(bits.layout.docs), ok=True, layers=bits.n_layers)
     for layer in range(bits.n_layers):
         want = decode_layer(bits, layer, table)
@@ -136,7 +136,7 @@ def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", b
     last = bits.n_layers - 1
     single = _same_lists(decode_layer_cuda(gpu, table, last), decode_layer(bits, last, table))
     res["single_layer_entry_ok"] = single
-    res["work_order_ok"] = [_same_work(d.work, work_order(d.offsets, s.per_step, s.sms, s.split_max, s.min_blocks))
+    res["work_order_ok"] = [_same_work(d.work, work_order(d.offsets, s.per_step, s.ctas, s.split_max, s.min_blocks))
                             for d, s in ((dec, split), (CudaDecoder(gpu, table, work=unsplit), unsplit))]
     res["ok"] = res["ok"] and single and all(res["work_order_ok"])
     return res

@@ -26,7 +26,7 @@ class WorkSpec:
     """What the attention kernel's work order depends on besides the lists (`cuda.attention.work_order`)."""
 
     per_step: int  # table blocks per pipeline step (2 when 64-key blocks are paired)
-    sms: int
+    ctas: int  # persistent CTAs of the attention launch
     split_max: int
     min_blocks: int
 
@@ -108,7 +108,7 @@ class CudaDecoder:
                [("counts", "p", counts.data_ptr()), ("n_heads", "i", self.H), ("n_qblocks", "i", M),
                 ("offsets", "p", self.offsets.data_ptr())]
                + [(k, "p", w[k].data_ptr() if w else 0) for k in ("tile_order", "n_active", "cap", "slot_base")]
-               + [("per_step", "i", spec.per_step), ("sms", "i", spec.sms), ("split_max", "i", spec.split_max),
+               + [("per_step", "i", spec.per_step), ("ctas", "i", spec.ctas), ("split_max", "i", spec.split_max),
                   ("min_blocks", "i", spec.min_blocks), ("n_bins", "i", n_bins)], self.device)
         launch(fn["write"], grid, (DEC_THREADS, 1, 1), 0,
                common + [("offsets", "p", self.offsets.data_ptr()), ("indices", "p", self.indices.data_ptr()),

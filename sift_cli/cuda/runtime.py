@@ -89,7 +89,19 @@ def function_ptr(module, name: str, dynamic_smem: int = 0) -> int:
     kern = module.get_function(name)
     if dynamic_smem and kern.max_dynamic_shared_size_bytes < dynamic_smem:
         kern.max_dynamic_shared_size_bytes = dynamic_smem
+        if hasattr(kern, "preferred_shared_memory_carveout"):  # all of the SM's memory as shared: room for 2 CTAs
+            kern.preferred_shared_memory_carveout = 100
     return kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr
+
+
+def resident_ctas(func: int, threads: int, dynamic_smem: int) -> int:
+    """How many CTAs of `func` (a CUfunction) the driver can keep on one SM at once."""
+    n = ctypes.c_int(0)
+    rc = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(func), threads,
+                                                                 ctypes.c_size_t(dynamic_smem))
+    if rc != 0:
+        raise SiftError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed (CUresult {rc})")
+    return n.value
 
 
 @functools.lru_cache(maxsize=None)

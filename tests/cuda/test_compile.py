@@ -12,9 +12,10 @@ from sift_cli.cuda import runtime
 from sift_cli.errors import SiftError
 from tests.conftest import nvcc_path
 
-# (head_dim, table KV block, paired): every configuration a table can run, pingpong on (the default) and off
-ATTN_CONFIGS = [(d, bn, pair, pp) for d in (64, 128) for bn, pair in ((64, False), (64, True), (128, False))
-                for pp in (1, 0)]
+# (head_dim, table KV block, paired, query block rows, pingpong): every configuration a table can run; 128-row
+# query blocks with pingpong on (the default) and off
+ATTN_CONFIGS = [(d, bn, pair, bm, pp) for d in (64, 128) for bn, pair in ((64, False), (64, True), (128, False))
+                for bm in (128, 64) for pp in ((1, 0) if bm == 128 else (0,))]
 
 
 def _nvcc(tmp_path, source, defines):
@@ -30,12 +31,12 @@ def _nvcc(tmp_path, source, defines):
     return proc.stderr
 
 
-@pytest.mark.parametrize("head_dim,block_n,pair,pingpong", ATTN_CONFIGS)
-def test_attention_kernel_compiles(tmp_path, head_dim, block_n, pair, pingpong):
-    cfg = cuda_attention.kernel_config(head_dim, block_n, pair)
+@pytest.mark.parametrize("head_dim,block_n,pair,block_m,pingpong", ATTN_CONFIGS)
+def test_attention_kernel_compiles(tmp_path, head_dim, block_n, pair, block_m, pingpong):
+    cfg = cuda_attention.kernel_config(head_dim, block_n, pair, block_m=block_m)
     report = _nvcc(tmp_path, "sparse_attn_fwd.cu",
                    [("HEAD_DIM", head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages), ("PAIR", int(pair)),
-                    ("PINGPONG", pingpong)])
+                    ("BLOCK_M", block_m), ("PINGPONG", pingpong)])
     # ptxas serialising the wgmma pipeline (a divergent path, or registers written mid-pipeline) is a regression
     assert "C7520" not in report and "C7513" not in report, "serialised wgmma:\n" + report
     assert "C7508" not in report, "ptxas ignored setmaxnreg:\n" + report
@@ -51,17 +52,32 @@ def test_decode_kernel_compiles(tmp_path):
 
 
 def test_shared_memory_fits_hopper():
-    """Every configuration fits with the lists of a 128K-token prompt staged (one entry per KV block, two slots)."""
+    """Every configuration fits with the lists of a 128K-token prompt staged (one entry per KV block, two slots),
+    and 64-row query blocks over the default 64-key table leave room for two CTAs per SM up to 64K tokens."""
     for d in (64, 128):
         for bn, pair in ((64, False), (64, True), (128, False)):
-            cfg = cuda_attention.kernel_config(d, bn, pair)
-            assert cuda_attention.attention_smem_bytes(cfg, 131072 // bn + 256) <= 227 * 1024, cfg
+            for bm in (128, 64):
+                cfg = cuda_attention.kernel_config(d, bn, pair, block_m=bm)
+                assert cuda_attention.attention_smem_bytes(cfg, 131072 // bn + 256) <= 227 * 1024, cfg
+        cfg = cuda_attention.kernel_config(d, 64, block_m=64)
+        smem = cuda_attention.attention_smem_bytes(cfg, 65536 // 64 + 256)
+        assert 2 * (smem + 1024) <= cuda_attention.SM_SMEM, (cfg, smem)
+
+
+def test_default_pairing():
+    """64-key tables pair their blocks, except 64-row query blocks at head_dim 128 (two CTAs need the small ring)."""
+    assert cuda_attention.kernel_config(128, 64).pair and cuda_attention.kernel_config(64, 64, block_m=64).pair
+    cfg = cuda_attention.kernel_config(128, 64, block_m=64)
+    assert (cfg.pair, cfg.block_n, cfg.stages, cfg.threads) == (False, 64, 2, 256)
+    assert cuda_attention.kernel_config(128, 128).threads == 384
+    with pytest.raises(SiftError, match="query blocks"):
+        cuda_attention.kernel_config(128, 64, block_m=32)
 
 
 def test_work_order_splits_long_rows_only():
     """Split-KV: rows far longer than a fair share per SM are cut into parts (none empty, longest first)."""
     offsets = torch.tensor([[[0, 2, 4, 6, 106]]], dtype=torch.int32)  # one head, rows of 2, 2, 2 and 100 blocks
-    w = cuda_attention.work_order(offsets, per_step=1, sms=2, split_max=8, min_blocks=16)
+    w = cuda_attention.work_order(offsets, per_step=1, ctas=2, split_max=8, min_blocks=16)
     cap = int(w["cap"][0, 0])
     assert cap == max(16, -(-106 // 4))
     order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
@@ -75,7 +91,7 @@ def test_work_order_ties_are_part_major():
     """Equal lengths keep the order the CUDA decoder's counting sort gives them: first parts of every row, then
     second parts, rows in order (decode.cu computes the same order; the GPU tests compare them entry for entry)."""
     offsets = torch.tensor([[[0, 40, 80, 81]]], dtype=torch.int32)  # rows of 40, 40 and 1 blocks
-    w = cuda_attention.work_order(offsets, per_step=1, sms=4, split_max=8, min_blocks=16)
+    w = cuda_attention.work_order(offsets, per_step=1, ctas=4, split_max=8, min_blocks=16)
     order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
     assert order == [0 * 8 + 0, 1 * 8 + 0, 0 * 8 + 1, 1 * 8 + 1, 0 * 8 + 2, 1 * 8 + 2, 2 * 8 + 0]  # 14s, 12s, 1
     assert w["slot_base"][0].tolist() == [0, 3, 6]

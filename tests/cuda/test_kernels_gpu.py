@@ -1,6 +1,6 @@
 """The bundled kernels on a Hopper GPU: attention equals the fp32 reference row by row (poisoned outputs, LSE,
 repeat-identical), decode equals block_lists.decode_layer (order included), on plain causal prompts at awkward
-lengths and on document-aligned tables of awkward segments."""
+lengths and on document-aligned tables of awkward segments, with query blocks of 128 and of 64 rows."""
 
 import numpy as np
 import pytest
@@ -18,16 +18,17 @@ VARIANTS = [dict(), dict(split=False), dict(pair=False)]  # pair=False only chan
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("block_m", [128, 64])
 @pytest.mark.parametrize("L", LENGTHS)
 @pytest.mark.parametrize("density", [1.0, 0.3])
 @pytest.mark.parametrize("ratio", [1, 3, 4])
-def test_attention_matches_reference(head_dim, block_n, L, density, ratio):
+def test_attention_matches_reference(head_dim, block_n, block_m, L, density, ratio):
     if L > 4096 and ratio != 4:
         pytest.skip("long case runs once per config")
     h_kv = 1 if L > 4096 else 2
     H = ratio * h_kv
-    seed = hash((head_dim, block_n, L, density, ratio)) % 10_000
-    blocks = random_block_lists(BlockTable.causal(L, 128, block_n, device="cuda"), H, density, seed=seed)
+    seed = hash((head_dim, block_n, block_m, L, density, ratio)) % 10_000
+    blocks = random_block_lists(BlockTable.causal(L, block_m, block_n, device="cuda"), H, density, seed=seed)
     for variant in VARIANTS:
         r = attention_case(H, h_kv, head_dim, blocks, seed=seed + 1, std=3.0 if L % 2 else 1.0,
                            out_layout="LHD" if seed % 2 else "HLD", **variant)
@@ -36,19 +37,22 @@ def test_attention_matches_reference(head_dim, block_n, L, density, ratio):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("block_m", [128, 64])
 @pytest.mark.parametrize("query_blocks", ["segment", "grid"])
-def test_attention_on_document_tables(head_dim, block_n, query_blocks):
+def test_attention_on_document_tables(head_dim, block_n, block_m, query_blocks):
     rng = np.random.default_rng(head_dim + block_n)
     for prefix, docs, suffix in awkward_layouts():
         bits = random_case_bits(rng, 64, n_layers=1, n_heads=6, doc_lengths=docs, prefix_len=prefix,
                                 suffix_len=suffix, la_p=0.25, ca_p=0.15)
-        blocks = decode_layer(bits, 0, BlockTable.for_layout(bits.layout, 128, block_n, query_blocks)).to("cuda")
+        table = BlockTable.for_layout(bits.layout, block_m, block_n, query_blocks)
+        blocks = decode_layer(bits, 0, table).to("cuda")
         for variant in VARIANTS:
             r = attention_case(6, 2, head_dim, blocks, seed=3, std=2.0, **variant)
             assert r["ok"], (prefix, docs, suffix, r)
 
 
-def test_backend_and_plan_on_model_layout():
+@pytest.mark.parametrize("block_m", [128, 64])
+def test_backend_and_plan_on_model_layout(block_m):
     """q/k/v as transposed views of [L, H, D] (what a model produces) go straight to TMA; the backend's per-prompt
     plan writes the model's [L, H, D] layout; both equal the reference."""
     import math
@@ -60,7 +64,7 @@ def test_backend_and_plan_on_model_layout():
     q = torch.randn(L, H, D, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
     k = torch.randn(L, H_kv, D, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
     v = torch.randn(L, H_kv, D, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
-    table = BlockTable.causal(L, 128, 64, device="cuda")
+    table = BlockTable.causal(L, block_m, 64, device="cuda")
     blocks = random_block_lists(table, H, 0.3, seed=1)
     scale = 1 / math.sqrt(D)
     out, lse = CudaBackend().forward(q, k, v, blocks, scale, return_lse=True)
@@ -74,13 +78,24 @@ def test_backend_and_plan_on_model_layout():
         assert torch.equal(o, out)
 
 
+def test_two_64_row_ctas_fit_an_sm():
+    """64-row query blocks over 64-key tables run two persistent CTAs per SM up to 64K tokens (the driver says so)."""
+    from sift_cli.cuda.attention import kernel_config, persistent_ctas
+    from sift_cli.cuda.runtime import sm_count
+
+    dev = torch.device("cuda")
+    for d in (64, 128):
+        assert persistent_ctas(kernel_config(d, 64, block_m=64), 65536 // 64 + 256, dev) == 2 * sm_count(dev)
+        assert persistent_ctas(kernel_config(d, 64), 65536 // 64 + 256, dev) == sm_count(dev)
+
+
 @pytest.mark.parametrize("tile", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("block_n", [64, 128])
 @pytest.mark.parametrize("query_blocks", ["segment", "grid"])
 def test_decode_kernel_matches_pytorch(tile, block_n, query_blocks):
     rng = np.random.default_rng(tile * 7 + block_n)
-    for _ in range(3):
-        r = decode_case(random_case_bits(rng, tile), block_n, query_blocks)
+    for i in range(4):
+        r = decode_case(random_case_bits(rng, tile), block_n, query_blocks, block_m=64 if i % 2 else 128)
         assert r["ok"], r
 
 
@@ -92,5 +107,6 @@ def test_decode_kernel_awkward_and_long():
                                   suffix_len=100, la_p=0.27, ca_p=0.06))
     for bits in cases:
         for bn in (64, 128):
-            r = decode_case(bits, bn)
-            assert r["ok"], r
+            for bm in (128, 64):
+                r = decode_case(bits, bn, block_m=bm)
+                assert r["ok"], r

@@ -17,6 +17,7 @@ kernel's over every head (`agree`), and a disagreement above 1e-2 is flagged, no
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -42,6 +43,7 @@ SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-13
 LENGTHS = (16384, 32768, 65536)
 DENSITIES = (1.0, 0.3, 0.1)
 BLOCK_NS = (128, 64)
+BLOCK_MS = (128, 64)  # query block rows: two consumer warpgroups per CTA, or one with two CTAs per SM
 AGREE_BOUND = 1e-2
 DOC_LENGTHS = {(32, 8, 128): (300, 3000), (9, 3, 64): (450, 650)}  # 8B RAG documents; SmolLM2 NQ-like passages
 
@@ -161,7 +163,7 @@ def block_lists_flops(blocks: BlockLists, head_dim: int) -> int:
 # Layouts
 # ----------------------------------------------------------------------------------------------------------
 
-def document_case(H: int, L: int, block_n: int, seed: int, lengths: tuple[int, int]):
+def document_case(H: int, L: int, block_n: int, seed: int, lengths: tuple[int, int], block_m: int = 128):
     """(block lists of one layer over a document-aligned table, cells/allowed) for a real-shaped prompt with
     bits at the paper's densities, decoded by the CUDA decoder."""
     rng = np.random.default_rng(seed)
@@ -172,7 +174,7 @@ def document_case(H: int, L: int, block_n: int, seed: int, lengths: tuple[int, i
         return 0.0 if p == 1 else min(1.0, max(0.0, (PAPER_LA_DENSITY * total - p) / (total - p)))
 
     bits = random_prompt_bits(layout, 64, 1, H, off_diagonal, PAPER_CA_DENSITY, rng)[0].to("cuda")
-    table = BlockTable.for_layout(layout, 128, block_n)
+    table = BlockTable.for_layout(layout, block_m, block_n)
     blocks = CudaDecoder(bits, table).layer(0)
     return blocks, computed_cells(blocks) / max(1, allowed_cells(bits, 0)), len(layout.docs)
 
@@ -222,7 +224,7 @@ def _attention_rows(q, k, v, blocks: BlockLists, layout: str, scale: float, cudn
     ms_sift = time_ms(run)
     tf = flops / ms_sift / 1e9
     rows.append(dict(row_base, impl="SIFT cuda", ms=ms_sift, tflops=tf, pct_of_cudnn=100.0 * tf / cudnn_tflops))
-    msg = f"  {layout} bn={blocks.block_n} density={blocks.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
+    msg = f"  {layout} bm={blocks.block_m} bn={blocks.block_n} density={blocks.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
     if flex:
         try:
             frun = flex_fn(q, k, v, blocks, scale)
@@ -243,7 +245,7 @@ def _attention_rows(q, k, v, blocks: BlockLists, layout: str, scale: float, cudn
 
 
 def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities=None, block_ns=BLOCK_NS,
-                     flex: bool = True, decode: bool = True, documents: bool = True,
+                     block_ms=BLOCK_MS, flex: bool = True, decode: bool = True, documents: bool = True,
                      time_budget_s: float | None = None, log=print, checkpoint=None) -> list[dict]:
     """All rows of the kernel table (docs/benchmarks.md). quick: L = 16K only and densities 100% / 10%."""
     if not torch.cuda.is_available():
@@ -263,19 +265,19 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
             rows.append(dict(kind="attention", impl="cuDNN SDPA", layout="causal", H=H, H_kv=H_kv, D=D, L=L,
                              block_n=None, density=1.0, ms=ms, tflops=cudnn_tflops, note=how))
             log(f"H={H} D={D} L={L} cuDNN dense: {ms:.3f} ms {cudnn_tflops:.0f} TFLOP/s ({how})")
-            for bn in block_ns:
+            for bn, bm in itertools.product(block_ns, block_ms):
                 use_flex = flex and not (time_budget_s is not None and time.time() - t0 > time_budget_s)
-                table = BlockTable.causal(L, 128, bn, device="cuda")
+                table = BlockTable.causal(L, bm, bn, device="cuda")
                 for dens in densities:
                     blocks = random_block_lists(table, H, dens, seed=L + bn)
-                    base = dict(kind="attention", layout="causal", H=H, H_kv=H_kv, D=D, L=L, block_n=bn,
+                    base = dict(kind="attention", layout="causal", H=H, H_kv=H_kv, D=D, L=L, block_m=bm, block_n=bn,
                                 density=blocks.density())
                     rows += _attention_rows(q, k, v, blocks, "causal", scale, cudnn_tflops, use_flex, base, log)
                 if documents:
-                    blocks, ratio, n_docs = document_case(H, L, bn, L + bn, DOC_LENGTHS.get((H, H_kv, D), (300, 3000)))
                     lo, hi = DOC_LENGTHS.get((H, H_kv, D), (300, 3000))
+                    blocks, ratio, n_docs = document_case(H, L, bn, L + bn, (lo, hi), bm)
                     base = dict(kind="attention", layout=f"{n_docs} docs of {lo}-{hi}", H=H, H_kv=H_kv, D=D, L=L,
-                                block_n=bn, density=blocks.density(), cells_over_allowed=ratio)
+                                block_m=bm, block_n=bn, density=blocks.density(), cells_over_allowed=ratio)
                     rows += _attention_rows(q, k, v, blocks, "documents", scale, cudnn_tflops, use_flex, base, log)
                 if checkpoint:
                     checkpoint(rows)
@@ -286,12 +288,13 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
     return rows
 
 
-_COLUMNS = ("H/H_kv/D", "L", "layout", "KV block", "density", "cells/allowed", "impl", "ms", "TFLOP/s", "% cuDNN",
+_COLUMNS = ("H/H_kv/D", "L", "layout", "Q block", "KV block", "density", "cells/allowed", "impl", "ms", "TFLOP/s", "% cuDNN",
             "× vs Flex", "note")
 
 
 def _cells(r: dict) -> list[str]:
-    return [f"{r['H']}/{r['H_kv']}/{r['D']}", f"{r['L'] // 1024}K", r.get("layout", "causal"), str(r["block_n"] or "-"),
+    return [f"{r['H']}/{r['H_kv']}/{r['D']}", f"{r['L'] // 1024}K", r.get("layout", "causal"),
+            str(r.get("block_m") or "-"), str(r["block_n"] or "-"),
             f"{100 * r['density']:.0f}%", _f(r.get("cells_over_allowed"), 3), r["impl"], _f(r.get("ms"), 3),
             _f(r.get("tflops"), 0), _f(r.get("pct_of_cudnn"), 0), _f(r.get("speedup_vs_flex"), 2), r.get("note", "")]
 

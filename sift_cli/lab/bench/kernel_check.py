@@ -10,6 +10,7 @@ the GPU tests assert.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -22,7 +23,8 @@ import torch
 
 from ...block_lists import decode_layer
 from ...block_table import BlockTable
-from ...cuda.checks import (attention_case, awkward_layouts, decode_case, random_block_lists, random_case_bits)
+from ...cuda.attention import paired
+from ...cuda.checks import attention_case, awkward_layouts, decode_case, random_block_lists, random_case_bits
 from .attention_kernels import block_lists_flops, markdown, model_layout_inputs, run_kernel_bench, sift_fn, time_ms
 
 _LOG = []
@@ -42,50 +44,50 @@ LENGTHS = (1, 127, 128, 129, 1000, 8192 + 17)
 GQA = ((1, 2), (3, 1), (4, 2))  # (ratio, H_kv)
 
 
-def _variants(block_n: int) -> list[dict]:
-    """The kernel configurations a table of `block_n` runs with: paired 64-key blocks or not, split-KV or not."""
+def _variants(block_n: int, head_dim: int, block_m: int) -> list[dict]:
+    """The kernel configurations a table runs with: split-KV or not, and for 64-key blocks the pairing that is not
+    the default."""
     out = [dict(split=True), dict(split=False)]
     if block_n == 64:
-        out += [dict(pair=False, split=True)]
+        out += [dict(pair=not paired(block_n, None, head_dim, block_m), split=True)]
     return out
 
 
 def attention_sweep() -> list[dict]:
     results = []
     i = 0
-    for D in (64, 128):
-        for bn in (64, 128):
-            for L in LENGTHS:  # plain causal prompts (one segment): dense and 30% of blocks
-                table = BlockTable.causal(L, 128, bn, device="cuda")
-                for kind, dens in (("dense", 1.0), ("sparse", 0.3)):
-                    ratio, hkv = GQA[i % len(GQA)]
-                    i += 1
-                    if L > 4096:
-                        ratio, hkv = (4, 1) if kind == "dense" else (3, 1)
-                    H = ratio * hkv
-                    blocks = random_block_lists(table, H, dens, seed=i)
-                    for var in _variants(bn):
-                        r = attention_case(H, hkv, D, blocks, seed=1000 + i, std=3.0 if L % 2 else 1.0,
-                                           out_layout="LHD" if i % 2 else "HLD", **var)
-                        r["mask"] = kind
-                        results.append(r)
-                        log(_fmt(r))
-            rng = np.random.default_rng(D + bn)
-            for j, (pre, docs, suf) in enumerate(awkward_layouts()):  # document-aligned tables, decoded bits
-                for qmode in ("segment", "grid"):
-                    bits = random_case_bits(rng, 64, n_layers=1, n_heads=6, doc_lengths=docs, prefix_len=pre,
-                                            suffix_len=suf, la_p=0.25, ca_p=0.15)
-                    blocks = decode_layer(bits, 0, BlockTable.for_layout(bits.layout, 128, bn, qmode)).to("cuda")
-                    for var in _variants(bn):
-                        r = attention_case(6, 2, D, blocks, seed=11 + j, **var)
-                        r["mask"] = f"documents {j} {qmode}"
-                        results.append(r)
-                        log(_fmt(r))
+    for D, bn, bm in itertools.product((64, 128), (64, 128), (128, 64)):
+        for L in LENGTHS:  # plain causal prompts (one segment): dense and 30% of blocks
+            table = BlockTable.causal(L, bm, bn, device="cuda")
+            for kind, dens in (("dense", 1.0), ("sparse", 0.3)):
+                ratio, hkv = GQA[i % len(GQA)]
+                i += 1
+                if L > 4096:
+                    ratio, hkv = (4, 1) if kind == "dense" else (3, 1)
+                H = ratio * hkv
+                blocks = random_block_lists(table, H, dens, seed=i)
+                for var in _variants(bn, D, bm):
+                    r = attention_case(H, hkv, D, blocks, seed=1000 + i, std=3.0 if L % 2 else 1.0,
+                                       out_layout="LHD" if i % 2 else "HLD", **var)
+                    r["mask"] = kind
+                    results.append(r)
+                    log(_fmt(r))
+        rng = np.random.default_rng(D + bn + bm)
+        for j, (pre, docs, suf) in enumerate(awkward_layouts()):  # document-aligned tables, decoded bits
+            for qmode in ("segment", "grid"):
+                bits = random_case_bits(rng, 64, n_layers=1, n_heads=6, doc_lengths=docs, prefix_len=pre,
+                                        suffix_len=suf, la_p=0.25, ca_p=0.15)
+                blocks = decode_layer(bits, 0, BlockTable.for_layout(bits.layout, bm, bn, qmode)).to("cuda")
+                for var in _variants(bn, D, bm):
+                    r = attention_case(6, 2, D, blocks, seed=11 + j, **var)
+                    r["mask"] = f"documents {j} {qmode}"
+                    results.append(r)
+                    log(_fmt(r))
     return results
 
 
 def _fmt(r):
-    keys = ("mask", "D", "block_n", "H", "H_kv", "L", "density", "variant", "worst_row_rel_err", "lse_max_abs_err",
+    keys = ("mask", "D", "block_m", "block_n", "H", "H_kv", "L", "density", "variant", "worst_row_rel_err", "lse_max_abs_err",
             "nan_out", "deterministic", "ok")
     return " ".join(f"{k}={r.get(k)}" if not isinstance(r.get(k), float) else f"{k}={r[k]:.3g}" for k in keys)
 
@@ -96,48 +98,56 @@ def decode_sweep() -> list[dict]:
     for tile in (16, 32, 64, 128, 256):
         for bn in (64, 128):
             for qmode in ("segment", "grid"):
-                for _ in range(2):
-                    results.append(decode_case(random_case_bits(rng, tile), bn, qmode))
+                for bm in (128, 64):
+                    results.append(decode_case(random_case_bits(rng, tile), bn, qmode, bm))
             log(f"decode tile={tile} bn={bn}: {[r['ok'] for r in results[-4:]]}")
     for pre, docs, suf in awkward_layouts():  # short, misaligned docs, empty prefix/suffix, one-token docs
         bits = random_case_bits(rng, 64, doc_lengths=docs, prefix_len=pre, suffix_len=suf, la_p=0.2, ca_p=0.5)
-        for bn in (64, 128):
-            results.append(decode_case(bits, bn))
+        for bn, bm in itertools.product((64, 128), (128, 64)):
+            results.append(decode_case(bits, bn, block_m=bm))
     bits = random_case_bits(rng, 64, n_layers=2, n_heads=4, doc_lengths=[2048] * 7 + [333], prefix_len=50,
                             suffix_len=100, la_p=0.27, ca_p=0.06)
-    for bn in (64, 128):
-        results.append(decode_case(bits, bn))
-    log(f"decode special cases: {sum(r['ok'] for r in results[-2 * len(awkward_layouts()) - 2:])} ok")
+    for bn, bm in itertools.product((64, 128), (128, 64)):
+        results.append(decode_case(bits, bn, block_m=bm))
+    special = results[-4 * len(awkward_layouts()) - 4:]
+    log(f"decode special cases: {sum(r['ok'] for r in special)} of {len(special)} ok")
     return results
 
 
 def variant_timings(log=log) -> list[dict]:
-    """Time kernel variants (pipeline knobs) at L = 16K, dense and 10% blocks: what each stage costs."""
+    """Time kernel variants (pipeline knobs, 64-row query blocks) at L = 16K, dense and 10% blocks: what each
+    stage costs. Each variant is (query block rows, options); a 64-row table draws its own random lists, so
+    compare TFLOP/s (per computed cell), not ms."""
     rows = []
     L = 16384
     for H, hkv, D in ((32, 8, 128), (9, 3, 64)):
         q, k, v = model_layout_inputs(H, hkv, L, D)
         for bn in (128, 64):
-            variants = {"default": {}, "no split": dict(split=False), "stages 2": dict(stages=2),
-                        "stages 3": dict(stages=3)}
+            variants = {"default": (128, {}), "no split": (128, dict(split=False)),
+                        "stages 2": (128, dict(stages=2)), "stages 3": (128, dict(stages=3)),
+                        "64-row": (64, {}), "64-row no split": (64, dict(split=False))}
             if bn == 64:
-                variants["unpaired"] = dict(pair=False)
+                variants["unpaired"] = (128, dict(pair=False))
+                variants["64-row other pairing"] = (64, dict(pair=not paired(bn, None, D, 64)))
+            if bn == 128 and D == 128:  # a one-stage ring leaves room for a second 64-row CTA
+                variants["64-row stages 1"] = (64, dict(stages=1))
             if bn == 128:  # stage-removed ablations (wrong results, timing only)
-                variants["ablate softmax"] = dict(extra={"ABLATE_SOFTMAX": 1})
-                variants["ablate PV"] = dict(extra={"ABLATE_PV": 1})
-            table = BlockTable.causal(L, 128, bn, device="cuda")
+                variants["ablate softmax"] = (128, dict(extra={"ABLATE_SOFTMAX": 1}))
+                variants["ablate PV"] = (128, dict(extra={"ABLATE_PV": 1}))
+            tables = {bm: BlockTable.causal(L, bm, bn, device="cuda") for bm in (128, 64)}
             for dens in (1.0, 0.1):
-                blocks = random_block_lists(table, H, dens, seed=3)
-                flops = block_lists_flops(blocks, D)
-                for name, var in variants.items():
+                lists = {bm: random_block_lists(t, H, dens, seed=3) for bm, t in tables.items()}
+                for name, (bm, var) in variants.items():
+                    blocks = lists[bm]
+                    flops = block_lists_flops(blocks, D)
                     try:
                         ms = time_ms(sift_fn(q, k, v, blocks, 1 / math.sqrt(D), **var))
-                        rows.append(dict(H=H, D=D, block_n=bn, density=dens, variant=name, ms=ms,
+                        rows.append(dict(H=H, D=D, block_m=bm, block_n=bn, density=dens, variant=name, ms=ms,
                                          tflops=flops / ms / 1e9))
                         log(f"variant H={H} D={D} bn={bn} dens={dens} {name}: {ms:.3f} ms "
                             f"{flops / ms / 1e9:.0f} TFLOP/s")
                     except Exception as exc:
-                        rows.append(dict(H=H, D=D, block_n=bn, variant=name, error=str(exc)[:200]))
+                        rows.append(dict(H=H, D=D, block_m=bm, block_n=bn, variant=name, error=str(exc)[:200]))
                         log(f"variant {name} failed: {exc}")
         del q, k, v
     return rows
@@ -146,17 +156,16 @@ def variant_timings(log=log) -> list[dict]:
 def smoke() -> int:
     """One small attention case per configuration: 0 when every one is right."""
     ok = True
-    for D in (64, 128):
-        for bn in (64, 128):
-            for L, dens in ((300, 1.0), (1000, 0.3)):
-                try:
-                    blocks = random_block_lists(BlockTable.causal(L, 128, bn, device="cuda"), 2, dens, 0)
-                    r = attention_case(2, 1, D, blocks, seed=1)
-                    r["mask"] = f"density {dens}"
-                except Exception as exc:
-                    r = dict(D=D, block_n=bn, L=L, ok=False, error=f"{type(exc).__name__}: {exc}")
-                ok &= bool(r["ok"])
-                log("smoke", _fmt(r) if "error" not in r else r)
+    for D, bn, bm in itertools.product((64, 128), (64, 128), (128, 64)):
+        for L, dens in ((300, 1.0), (1000, 0.3)):
+            try:
+                blocks = random_block_lists(BlockTable.causal(L, bm, bn, device="cuda"), 2, dens, 0)
+                r = attention_case(2, 1, D, blocks, seed=1)
+                r["mask"] = f"density {dens}"
+            except Exception as exc:
+                r = dict(D=D, block_m=bm, block_n=bn, L=L, ok=False, error=f"{type(exc).__name__}: {exc}")
+            ok &= bool(r["ok"])
+            log("smoke", _fmt(r) if "error" not in r else r)
     print("SMOKE", "OK" if ok else "FAIL", flush=True)
     return 0 if ok else 1
 

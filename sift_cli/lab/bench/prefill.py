@@ -210,18 +210,20 @@ class _CaseRun:
         self.log(f"  {L:>6} no-attention {self.rest:8.1f} ms  → attention {self.attn_full:.1f} ms "
                  f"({100 * self.attn_full / self.full:.0f}%)")
 
-    def sift(self, bname: str) -> None:
-        """`sift-<backend>`: transfer, decode and the sparse forward, medians of `repeat` runs."""
+    def sift(self, bname: str, block_m: int | None = None, label: str = "") -> None:
+        """`sift-<backend><label>`: transfer, decode and the sparse forward, medians of `repeat` runs, with query
+        blocks of `block_m` rows (default: the run's)."""
         lm, dev, prompt = self.case.lm, self.dev, self.case.prompt()
+        block_m = block_m or self.block_m
         try:
             backend = get_backend(bname, dev)
         except SiftError as exc:
-            self.rows.append({**self.base, "mode": f"sift-{bname}", "error": str(exc)})
+            self.rows.append({**self.base, "mode": f"sift-{bname}{label}", "error": str(exc)})
             return
         if backend.name == "reference" and dev.type == "cpu":
             backend = ReferenceBackend(rows=BAND_ROWS)
         decoder = choose_decoder(dev)
-        opts = PrefillOptions(block_m=self.block_m, block_n=self.block_n, query_blocks=self.query_blocks)
+        opts = PrefillOptions(block_m=block_m, block_n=self.block_n, query_blocks=self.query_blocks)
         if self.cuda_graphs:
             ttft, runs_ms, transfer, decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
                 prompt, backend, opts, decoder)
@@ -242,20 +244,21 @@ class _CaseRun:
             del runs
         cells, blocks = mean_densities(block_lists)
         ideal = self.full - (1 - cells) * self.attn_full
-        row = {**self.base, "mode": f"sift-{backend.name}", "ttft_ms": ttft, "runs_ms": runs_ms,
+        mode = f"sift-{backend.name}{label}"
+        row = {**self.base, "mode": mode, "ttft_ms": ttft, "runs_ms": runs_ms,
                "transfer_ms": transfer, "decode_ms": decode, "forward_ms": fwd,
                "attention_ms": None if fwd is None else max(0.0, fwd - self.rest), "other_ms": self.rest,
                "cell_density": cells, "block_density": blocks,
                "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
                                                         block_lists),
-               "query_blocks": self.query_blocks, "metadata_bytes": self.case.bits.nbytes(),
+               "query_blocks": self.query_blocks, "block_m": block_m, "block_n": self.block_n, "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
                "speedup": self.full / ttft if ttft else None, "decoder": decoder,
                "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms}
         del block_lists
         self.add_energy(row, run)
         self.rows.append(row)
-        self.log(f"  {self.L:>6} sift-{backend.name:<7}{ttft:9.1f} ms  ×{row['speedup']:.2f}  density {cells:.3f}  "
+        self.log(f"  {self.L:>6} {mode:<12}{ttft:9.1f} ms  ×{row['speedup']:.2f}  density {cells:.3f}  "
                  f"cells/allowed {row['cells_over_allowed']:.3f}  ideal {ideal:.1f} ms"
                  + (f"  decode {decode:.1f} ms" if decode is not None else ""))
 
@@ -332,13 +335,14 @@ def _ssd_model_ms(per_layer: list[float] | None, first: int, disk_ms: float) -> 
 
 @torch.inference_mode()
 def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",), repeat: int = 3,
-             warmup: int = 1, energy: bool = True, block_m: int = 128, block_n: int = 64, ratio: float = 0.15,
+             warmup: int = 1, energy: bool = True, block_ms=(128,), block_n: int = 64, ratio: float = 0.15,
              ssd_gbps: float = 3.8, host_kv: HostKV | None = None, dense_kernel: str = "cudnn",
              log=print, baseline: tuple[float, float] | None = None, cuda_graphs: bool = False,
              query_blocks: str = "segment") -> list[dict]:
-    """Rows (one per mode) for one prompt length. baseline: (full ms, no-attention ms) measured earlier on the
-    same model and length — full recompute is then not re-run."""
-    run = _CaseRun(case, repeat, warmup, energy, block_m, block_n, ratio, ssd_gbps, log, cuda_graphs=cuda_graphs,
+    """Rows (one per mode) for one prompt length. block_ms: SIFT's query block rows, one SIFT row per backend and
+    size (labelled `@m<rows>` when there are several). baseline: (full ms, no-attention ms) measured earlier on
+    the same model and length — full recompute is then not re-run."""
+    run = _CaseRun(case, repeat, warmup, energy, block_ms[0], block_n, ratio, ssd_gbps, log, cuda_graphs=cuda_graphs,
                    query_blocks=query_blocks)
     if baseline is not None:
         run.full, run.rest = baseline
@@ -346,10 +350,12 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
         run.full_recompute(dense_kernel)
     if "sift" in modes:
         for bname in backends:
-            try:
-                run.sift(bname)
-            except Exception as exc:  # one backend failing (e.g. out of memory) must not lose the rest
-                run.error_row(f"sift-{bname}", exc)
+            for bm in block_ms:
+                label = f"@m{bm}" if len(block_ms) > 1 else ""
+                try:
+                    run.sift(bname, bm, label)
+                except Exception as exc:  # one backend failing (e.g. out of memory) must not lose the rest
+                    run.error_row(f"sift-{bname}{label}", exc)
     if "cacheblend" in modes:
         try:
             run.cacheblend(host_kv)
@@ -414,14 +420,14 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
               repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8,
               data=None, smol_model: str | None = None, cpu_smoke: bool = False, deadline: float | None = None,
               log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "segment",
-              unprofiled: int = 0) -> list[dict]:
+              unprofiled: int = 0, block_ms=(128,)) -> list[dict]:
     """Every (model, length) case; rows of `run_case`. models: 'llama3-8b' (the 8B-shaped model with `pattern`
     bits) and/or 'smollm2' (real profiles; `smol_model` is a --model spec, default the bundled GGUF). unprofiled:
     documents per 8B-shaped prompt without bits (dense)."""
     device = require_gpu(cpu_smoke)
     rows: list[dict] = []
     case_kw = dict(modes=modes, backends=backends, repeat=repeat, warmup=warmup, energy=energy, ratio=ratio,
-                   ssd_gbps=ssd_gbps, cuda_graphs=cuda_graphs, query_blocks=query_blocks)
+                   ssd_gbps=ssd_gbps, cuda_graphs=cuda_graphs, query_blocks=query_blocks, block_ms=tuple(block_ms))
     longest_doc = doc_tokens[1] if isinstance(doc_tokens, tuple) else doc_tokens
 
     def emit(new):
@@ -472,7 +478,8 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                   doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"),
                   backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
                   ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
-                  log=print, cuda_graphs: bool = False, query_blocks: str = "segment", unprofiled: int = 0) -> dict:
+                  log=print, cuda_graphs: bool = False, query_blocks: str = "segment", unprofiled: int = 0,
+                  block_ms=(128,)) -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
     pass (lengths capped at 512, at most two; 128-token documents)."""
     require_gpu(cpu_smoke)
@@ -481,5 +488,5 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
         doc_tokens = 128
     rows = run_bench(models, lengths, pattern, doc_tokens, tuple(modes), tuple(backends), repeat, warmup, energy,
                      ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log, cuda_graphs=cuda_graphs,
-                     query_blocks=query_blocks, unprofiled=unprofiled)
+                     query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms)
     return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke}
