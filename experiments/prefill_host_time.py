@@ -24,8 +24,8 @@ from sift_cli.cuda.runtime import sm_count
 from sift_cli.lab.bench.prefill import NOATTN, _stand_in
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
-from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, prepare_sparse, prompt_table, prompt_tensors,
-                              dense_prefill, sparse_prefill, strongest_sdpa, sync_device)
+from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, for_backend, prepare_sparse, prompt_table,
+                              prompt_tensors, dense_prefill, sparse_prefill, strongest_sdpa, sync_device)
 
 
 def phase(fn, dev, repeat: int) -> dict:
@@ -89,7 +89,7 @@ def measure(lm, prompt, repeat: int) -> dict:
     dev = lm.device
     ids = torch.tensor([prompt.input_ids], device=dev)
     backend = get_backend("cuda", dev)
-    opts = PrefillOptions(backend="cuda")
+    opts = for_backend(PrefillOptions(backend="cuda"), backend, lm.head_dim, len(prompt.input_ids))
     bits, table, _ = prompt_table(prompt, opts, dev)
     plan_box: dict = {}
 

@@ -35,10 +35,13 @@ from .prefill_report import compare_logits, density_report, greedy_generate
 from .prompt import Prompt
 
 
+DEFAULT_BLOCK_M = 128
+
+
 @dataclass(frozen=True)
 class PrefillOptions:
     backend: str = "auto"
-    block_m: int = 128
+    block_m: int | None = None  # query block rows; None: the backend's (`for_backend`)
     block_n: int = 64
     query_blocks: str = "segment"  # "segment" or "grid" (block_table.py)
     cuda_graphs: bool = False
@@ -62,6 +65,15 @@ def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
     d = timing_defaults(device)
     return dataclasses.replace(opts, repeat=d["repeat"] if opts.repeat is None else opts.repeat,
                                warmup=d["warmup"] if opts.warmup is None else opts.warmup)
+
+
+def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int) -> PrefillOptions:
+    """`opts` with an unset query block size set to the one the backend runs this prompt best with (the CUDA
+    kernel's `query_block_rows`), or 128 rows."""
+    if opts.block_m is not None:
+        return opts
+    rows = getattr(backend, "query_block_rows", None)
+    return dataclasses.replace(opts, block_m=rows(head_dim, seq_len) if rows else DEFAULT_BLOCK_M)
 
 
 def sync_device(device) -> None:
@@ -199,7 +211,7 @@ def dense_prefill(lm: LoadedModel, ids: torch.Tensor) -> ForwardRun:
 def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
     """The prompt's bits (every layer's) and block table on the device, the small tensors of both in one copy."""
     bits = prompt.bits
-    table = BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
+    table = BlockTable.for_layout(prompt.layout, opts.block_m or DEFAULT_BLOCK_M, opts.block_n, opts.query_blocks)
     moved = to_device(bits.tensors() + table.tensors(), device)
     return bits.with_tensors(moved[: len(bits.TENSORS)]), table.with_tensors(moved[len(bits.TENSORS):])
 
@@ -216,6 +228,7 @@ def prompt_table(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBi
 @torch.inference_mode()
 def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                    decoder: str = "torch") -> SparseRun:
+    opts = for_backend(opts, backend, lm.head_dim, len(prompt.input_ids))
     marks = []
 
     def run():
@@ -283,8 +296,8 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
 
     progress: optional callable(done, total) called after every forward. Unset repeat and warmup take the
     device's defaults (`timing_defaults`)."""
-    opts = with_device_defaults(opts, lm.device)
     backend = get_backend(opts.backend, lm.device)
+    opts = for_backend(with_device_defaults(opts, lm.device), backend, lm.head_dim, len(prompt.input_ids))
     decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
     total = (max(0, opts.warmup) + max(1, opts.repeat)) * 2

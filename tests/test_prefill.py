@@ -12,7 +12,7 @@ from sift_cli.block_table import BlockTable
 from sift_cli.config import ProfileConfig
 from sift_cli.errors import SiftError
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, dense_prefill, run_prefill, sparse_prefill
+from sift_cli.prefill import PrefillOptions, dense_prefill, for_backend, run_prefill, sparse_prefill
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
 from sift_cli.shards.reader import ShardSet
@@ -39,6 +39,17 @@ def test_reference_paths_agree():
     fast = block_sparse_attention(q, k, v, lay, 0.25)
     slow, lse = block_sparse_attention(q, k, v, lay, 0.25, return_lse=True)
     assert torch.allclose(fast, slow, atol=1e-5) and torch.isfinite(lse).all()
+
+
+def test_query_block_rows_follow_the_backend_unless_set():
+    from sift_cli.attention.cuda import CudaBackend
+    from sift_cli.attention.gather import GatherBackend
+
+    assert for_backend(PrefillOptions(), CudaBackend(), 64, 65536).block_m == 64
+    assert for_backend(PrefillOptions(), CudaBackend(), 128, 32768).block_m == 64
+    assert for_backend(PrefillOptions(), CudaBackend(), 128, 65536).block_m == 128
+    assert for_backend(PrefillOptions(), GatherBackend(), 64, 4096).block_m == 128
+    assert for_backend(PrefillOptions(block_m=128), CudaBackend(), 64, 4096).block_m == 128
 
 
 def test_all_bits_set_equals_dense_to_fp32_rounding(tiny_lm, all_bits):

@@ -15,6 +15,7 @@ class CudaBackend:
     """Block-sparse attention with the bundled TMA + WGMMA kernel. bf16 only; no silent fallback."""
 
     name = "cuda"
+    LONG_PROMPT = 49152  # from here on, at head_dim 128, 128-row blocks' throughput outweighs their extra cells
     waits_for_ready = True  # prepare(..., ready=event): its lists may still be decoding on a side stream
 
     def __init__(self, pair: bool | None = None, split: bool = True):
@@ -40,6 +41,13 @@ class CudaBackend:
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
         return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split)
+
+    def query_block_rows(self, head_dim: int, seq_len: int) -> int:
+        """The query block size this kernel runs a prompt fastest with (measured, docs/kernels.md): 64 rows (a
+        block is one 64-token tile row, so no cell outside the bits is computed; two CTAs share an SM), except
+        for long prompts at head_dim 128, where 64-row tiles' doubled K/V traffic costs more than the union
+        of two tile rows' blocks."""
+        return 128 if head_dim == 128 and seq_len >= self.LONG_PROMPT else 64
 
     def work_spec(self, table, device, head_dim: int) -> WorkSpec:
         """What this backend's work order needs, for a CUDA decoder that computes it with the lists."""

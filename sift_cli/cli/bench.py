@@ -85,8 +85,8 @@ def bench_prefill(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture full recompute and SIFT (decode "
                                                                   "included) as CUDA graphs; time the replays"),
     query_blocks: str = typer.Option("segment", "--query-blocks", help="segment or grid (block_table.py)"),
-    block_m: str = typer.Option("128", "--block-m", help="SIFT's query block rows, 128 and/or 64 (comma-separated: "
-                                                          "one SIFT row per size)"),
+    block_m: str = typer.Option("auto", "--block-m", help="SIFT's query block rows: auto (the backend's), 128 "
+                                                           "and/or 64 (comma-separated: one SIFT row per size)"),
     unprofiled: int = typer.Option(0, "--unprofiled", help="documents per 8B-shaped prompt left without bits "
                                                            "(computed densely), evenly spread"),
     save: Optional[Path] = typer.Option(None, "--save"),
@@ -126,13 +126,15 @@ def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
     out.print(t)
 
 
-def _block_ms(text: str) -> tuple[int, ...]:
+def _block_ms(text: str) -> tuple[int | None, ...]:
+    if text == "auto":
+        return (None,)
     try:
         sizes = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         sizes = ()
     if not sizes or any(x not in (64, 128) for x in sizes):
-        raise SiftError(f"--block-m {text!r}: expected 128, 64 or both (128,64)")
+        raise SiftError(f"--block-m {text!r}: expected auto, 128, 64 or both (128,64)")
     return sizes
 
 

@@ -29,7 +29,8 @@ def prefill(
                                                                 "(default: 3 on a GPU, 1 on a CPU)"),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="untimed runs of each mode first (default: 1 on a "
                                                                 "GPU, 0 on a CPU)"),
-    block_m: int = typer.Option(128, "--block-m", help="query block size"),
+    block_m: Optional[int] = typer.Option(None, "--block-m", help="query block rows (default: the backend's "
+                                                                  "choice, docs/kernels.md)"),
     block_n: int = typer.Option(64, "--block-n", help="KV block size (64 or 128)"),
     query_blocks: str = typer.Option("segment", "--query-blocks", help="query blocks cut per segment (segment) or "
                                                                       "on the global grid (grid)"),

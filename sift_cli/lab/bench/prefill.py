@@ -38,8 +38,8 @@ from ...attention.swap import swapped_attention
 from ...block_lists import cells_over_allowed, mean_densities
 from ...errors import SiftError
 from ...models import load_model
-from ...prefill import (GraphedPrefill, PrefillOptions, choose_decoder, prepare_sparse, prompt_table, sparse_prefill,
-                        sync_device)
+from ...prefill import (GraphedPrefill, PrefillOptions, choose_decoder, for_backend, prepare_sparse, prompt_table,
+                        sparse_prefill, sync_device)
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV
@@ -119,7 +119,7 @@ class _CaseRun:
     repeat: int
     warmup: int
     energy: bool
-    block_m: int
+    block_m: int | None  # query block rows; None: the backend's
     block_n: int
     ratio: float
     ssd_gbps: float
@@ -223,7 +223,8 @@ class _CaseRun:
         if backend.name == "reference" and dev.type == "cpu":
             backend = ReferenceBackend(rows=BAND_ROWS)
         decoder = choose_decoder(dev)
-        opts = PrefillOptions(block_m=block_m, block_n=self.block_n, query_blocks=self.query_blocks)
+        opts = for_backend(PrefillOptions(block_m=block_m, block_n=self.block_n, query_blocks=self.query_blocks),
+                           backend, lm.head_dim, self.L)
         if self.cuda_graphs:
             ttft, runs_ms, transfer, decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
                 prompt, backend, opts, decoder)
@@ -251,7 +252,7 @@ class _CaseRun:
                "cell_density": cells, "block_density": blocks,
                "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
                                                         block_lists),
-               "query_blocks": self.query_blocks, "block_m": block_m, "block_n": self.block_n, "metadata_bytes": self.case.bits.nbytes(),
+               "query_blocks": self.query_blocks, "block_m": opts.block_m, "block_n": self.block_n, "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
                "speedup": self.full / ttft if ttft else None, "decoder": decoder,
                "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms}
@@ -335,12 +336,12 @@ def _ssd_model_ms(per_layer: list[float] | None, first: int, disk_ms: float) -> 
 
 @torch.inference_mode()
 def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",), repeat: int = 3,
-             warmup: int = 1, energy: bool = True, block_ms=(128,), block_n: int = 64, ratio: float = 0.15,
+             warmup: int = 1, energy: bool = True, block_ms=(None,), block_n: int = 64, ratio: float = 0.15,
              ssd_gbps: float = 3.8, host_kv: HostKV | None = None, dense_kernel: str = "cudnn",
              log=print, baseline: tuple[float, float] | None = None, cuda_graphs: bool = False,
              query_blocks: str = "segment") -> list[dict]:
-    """Rows (one per mode) for one prompt length. block_ms: SIFT's query block rows, one SIFT row per backend and
-    size (labelled `@m<rows>` when there are several). baseline: (full ms, no-attention ms) measured earlier on
+    """Rows (one per mode) for one prompt length. block_ms: SIFT's query block rows (None: the backend's), one
+    SIFT row per backend and size (labelled `@m<rows>` when there are several). baseline: (full ms, no-attention ms) measured earlier on
     the same model and length — full recompute is then not re-run."""
     run = _CaseRun(case, repeat, warmup, energy, block_ms[0], block_n, ratio, ssd_gbps, log, cuda_graphs=cuda_graphs,
                    query_blocks=query_blocks)
@@ -420,7 +421,7 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
               repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8,
               data=None, smol_model: str | None = None, cpu_smoke: bool = False, deadline: float | None = None,
               log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "segment",
-              unprofiled: int = 0, block_ms=(128,)) -> list[dict]:
+              unprofiled: int = 0, block_ms=(None,)) -> list[dict]:
     """Every (model, length) case; rows of `run_case`. models: 'llama3-8b' (the 8B-shaped model with `pattern`
     bits) and/or 'smollm2' (real profiles; `smol_model` is a --model spec, default the bundled GGUF). unprofiled:
     documents per 8B-shaped prompt without bits (dense)."""
@@ -479,7 +480,7 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                   backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
                   ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
                   log=print, cuda_graphs: bool = False, query_blocks: str = "segment", unprofiled: int = 0,
-                  block_ms=(128,)) -> dict:
+                  block_ms=(None,)) -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
     pass (lengths capped at 512, at most two; 128-token documents)."""
     require_gpu(cpu_smoke)
