@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--nq-prompts", type=int, default=2)
-    ap.add_argument("--block-m", default="128", help="query block rows, comma-separated (one SIFT run per size)")
+    ap.add_argument("--block-m", default="auto", help="query block rows: auto (the backend's choice) or sizes, "
+                                                      "comma-separated (one SIFT run per size)")
     ap.add_argument("--host-profile", default=None, help="write a cProfile of one eager prefill of each mode here")
     args = ap.parse_args()
     lm = load_model(None, device="cuda")
@@ -82,13 +83,15 @@ def main() -> None:
             if args.host_profile and name == "essays 4K":
                 with open(args.host_profile, "w") as f:
                     f.write(host_profile(lm, prompt, args.backend))
-            for graphs, block_m in ((g, int(m)) for g in (False, True) for m in args.block_m.split(",")):
+            for graphs, block_m in ((g, None if m == "auto" else int(m)) for g in (False, True)
+                                  for m in args.block_m.split(",")):
                 r = run_prefill(lm, prompt, PrefillOptions(backend=args.backend, repeat=args.repeat, warmup=2,
                                                            cuda_graphs=graphs, max_new_tokens=8, block_m=block_m))
                 rest = no_attention_ms(lm, ids, graphs, args.repeat)
                 dense, sift, cells = r["dense"]["ttft_ms"], r["sift"]["ttft_ms"], r["density"]["cells"]
                 ideal = dense - (1 - cells) * max(0.0, dense - rest)
-                row = {"prompt": name, "tokens": r["prompt_tokens"]["total"], "cuda_graphs": graphs, "block_m": block_m,
+                row = {"prompt": name, "tokens": r["prompt_tokens"]["total"], "cuda_graphs": graphs,
+                       "block_m": r["block_m"],
                        "dense_ms": dense, "sift_ms": sift, "sift_over_dense": sift / dense,
                        "no_attention_ms": rest, "ideal_ms": ideal, "sift_over_ideal": sift / ideal,
                        "dense_host_ms": r["dense"]["host_ms"], "dense_gpu_ms": r["dense"]["gpu_ms"],
