@@ -211,7 +211,9 @@ def dense_prefill(lm: LoadedModel, ids: torch.Tensor) -> ForwardRun:
 def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
     """The prompt's bits (every layer's) and block table on the device, the small tensors of both in one copy."""
     bits = prompt.bits
-    table = BlockTable.for_layout(prompt.layout, opts.block_m or DEFAULT_BLOCK_M, opts.block_n, opts.query_blocks)
+    if opts.block_m is None:
+        raise SiftError("internal: the query block size is unset; resolve the options with for_backend first")
+    table = BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
     moved = to_device(bits.tensors() + table.tensors(), device)
     return bits.with_tensors(moved[: len(bits.TENSORS)]), table.with_tensors(moved[len(bits.TENSORS):])
 

@@ -42,7 +42,7 @@ def block_mask_from_lists(blocks: BlockLists, block_size: tuple[int, int] | None
     table = blocks.table.to(blocks.offsets.device)
     dev = table.device
     L = table.seq_len
-    FBM, FBN = block_size or (table.block_m, table.block_n)
+    FBM, FBN = block_size or (max(128, table.block_m), table.block_n)  # flex's query tile is 128 rows
     FM, FN = -(-L // FBM), -(-L // FBN)
     mask = blocks.dense_mask().to(dev)  # [H, M, N]
     a_q = _overlap(table.q_start, table.q_len, FBM, FM)  # [M, FM]

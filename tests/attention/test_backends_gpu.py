@@ -16,7 +16,8 @@ from sift_cli.config import ProfileConfig
 from sift_cli.cuda.checks import random_block_lists
 from sift_cli.lab.datasets import write_jsonl
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, dense_prefill, prepare_sparse, prompt_table, run_prefill, sparse_prefill
+from sift_cli.prefill import (PrefillOptions, dense_prefill, for_backend, prepare_sparse, prompt_table, run_prefill,
+                              sparse_prefill)
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
 from sift_cli.sample import sample_documents
@@ -122,12 +123,14 @@ def test_smollm2_cuda_prefill_equals_reference(tmp_path, smol_gpu):
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     prompt = assemble(shards, smol_gpu, ids[:5], "Which module parses command-line options?")
     x = torch.tensor([prompt.input_ids], device="cuda")
-    cuda = sparse_prefill(smol_gpu, prompt, CudaBackend(), x, PrefillOptions(), "cuda")
-    ref = sparse_prefill(smol_gpu, prompt, ReferenceBackend(), x, PrefillOptions(), "torch")
-    assert cuda.plan.block_lists[0].density() < 1.0
-    diff, scale = float((cuda.logits - ref.logits).abs().max()), float(ref.logits.abs().max())
-    assert diff < 0.02 * scale, (diff, scale)  # bf16 model: the two round differently, within bf16 noise
-    assert int(cuda.logits.argmax()) == int(ref.logits.argmax())
+    for block_m in (64, 128):  # the same lists for both: query blocks set, not each backend's choice
+        opts = PrefillOptions(block_m=block_m)
+        cuda = sparse_prefill(smol_gpu, prompt, CudaBackend(), x, opts, "cuda")
+        ref = sparse_prefill(smol_gpu, prompt, ReferenceBackend(), x, opts, "torch")
+        assert cuda.plan.block_lists[0].density() < 1.0 and cuda.plan.table.block_m == block_m
+        diff, scale = float((cuda.logits - ref.logits).abs().max()), float(ref.logits.abs().max())
+        assert diff < 0.02 * scale, (block_m, diff, scale)  # bf16 model: the two round differently
+        assert int(cuda.logits.argmax()) == int(ref.logits.argmax())
 
 
 @pytest.mark.slow
@@ -156,9 +159,9 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
 
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     backend = CudaBackend()
-    opts = PrefillOptions()
     for docs, q in ((ids[:2], "What does csv do?"), (ids[1:6], "Which module handles dates and times?")):
         prompt = assemble(shards, smol_gpu, docs, q)
+        opts = for_backend(PrefillOptions(), backend, smol_gpu.head_dim, len(prompt.input_ids))
         x = torch.tensor([prompt.input_ids], device="cuda")
         eager = sparse_prefill(smol_gpu, prompt, backend, x, opts, "cuda").logits
         bits, table, _ = prompt_table(prompt, opts, smol_gpu.device)

@@ -133,6 +133,7 @@ def test_flex_block_mask_matches_reference():
     bits = random_case_bits(rng, 64, n_layers=1, n_heads=4, doc_lengths=[65, 130, 1], prefix_len=16, suffix_len=20)
     for qmode in ("segment", "grid"):
         cases.append(decode_layer(bits, 0, BlockTable.for_layout(bits.layout, 128, 64, qmode)))
+    cases.append(decode_layer(bits, 0, BlockTable.for_layout(bits.layout, 64, 64)))  # on flex's 128-row grid
     for lists in cases:
         L = lists.seq_len
         q, k, v = torch.randn(4, L, 32), torch.randn(2, L, 32), torch.randn(2, L, 32)
