@@ -57,14 +57,10 @@
 #define NUM_THREADS (128 * (1 + CONSUMER_WGS))
 #define CONSUMERS (128 * CONSUMER_WGS)
 #define MIN_CTAS (3 - CONSUMER_WGS)  // CTAs per SM the registers are budgeted for
-// Registers per thread after setmaxnreg (producer / consumer): the CTA's launch allocation moved to the consumers.
-#if BLOCK_M == 128
+// Registers per thread after setmaxnreg: the producer gives what it does not need to its CTA's consumers
+// (40 + 2 x 232 = 3 x 168 with one CTA per SM; 40 + 216 = 2 x 128 with two).
 #define PRODUCER_REGS 40
-#define CONSUMER_REGS 232
-#else
-#define PRODUCER_REGS 40
-#define CONSUMER_REGS 216
-#endif
+#define CONSUMER_REGS (BLOCK_M == 128 ? 232 : 216)
 
 #if (HEAD_DIM != 64 && HEAD_DIM != 128)
 #error "HEAD_DIM must be 64 or 128"

@@ -127,10 +127,10 @@ def work_order(offsets: torch.Tensor, per_step: int, ctas: int, split_max: int =
     with no host synchronisation.
 
     A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / (2 ctas)), so
-    only rows much longer than a fair share per persistent CTA are split (the kernel computes the same cut, `split_row`). The
-    parts run longest first (ties: first parts before second parts, then rows in order). Returns per leading index:
-    tile_order [R * split_max] (virtual tile ids, row * split_max + part; the first n_active are the tiles),
-    n_active [1], cap [1], slot_base [R] (first workspace slot of a split row). The CUDA decoder computes the same
+    only rows much longer than a fair share per persistent CTA are split (the kernel computes the same cut,
+    `split_row`). The parts run longest first (ties: first parts before second parts, then rows in order).
+    Returns per leading index: tile_order [R * split_max] (virtual tile ids, row * split_max + part; the first
+    n_active are the tiles), n_active [1], cap [1], slot_base [R] (first workspace slot of a split row). The CUDA decoder computes the same
     (`CudaDecoder(..., work=WorkSpec(...))`) in its own launches; this is its reference."""
     lead = offsets.shape[:-2]
     counts = (offsets[..., 1:] - offsets[..., :-1]).reshape(*lead, -1).long()  # [..., R]

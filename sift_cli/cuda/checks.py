@@ -93,7 +93,8 @@ def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0,
     torch.cuda.synchronize()
     ref, ref_lse = block_sparse_attention(q.float(), k.float(), v.float(), blocks, scale, return_lse=True)
     o = out.float()
-    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_m=blocks.block_m, block_n=blocks.block_n, query_blocks=blocks.table.query_blocks,
+    res = dict(H=H, H_kv=H_kv, L=L, D=D, block_m=blocks.block_m, block_n=blocks.block_n,
+               query_blocks=blocks.table.query_blocks,
                density=round(blocks.density(), 4), nan_out=int(torch.isnan(o).sum()),
                nan_lse=int(torch.isnan(lse).sum()), variant={k: v for k, v in variant.items()})
     row_err = ((o - ref).nan_to_num(nan=1e30).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30))  # [H, L]

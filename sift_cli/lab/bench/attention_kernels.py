@@ -224,7 +224,8 @@ def _attention_rows(q, k, v, blocks: BlockLists, layout: str, scale: float, cudn
     ms_sift = time_ms(run)
     tf = flops / ms_sift / 1e9
     rows.append(dict(row_base, impl="SIFT cuda", ms=ms_sift, tflops=tf, pct_of_cudnn=100.0 * tf / cudnn_tflops))
-    msg = f"  {layout} bm={blocks.block_m} bn={blocks.block_n} density={blocks.density():.2f}: sift {ms_sift:.3f} ms {tf:.0f} TFLOP/s"
+    msg = (f"  {layout} bm={blocks.block_m} bn={blocks.block_n} density={blocks.density():.2f}: sift {ms_sift:.3f} ms "
+           f"{tf:.0f} TFLOP/s")
     if flex:
         try:
             frun = flex_fn(q, k, v, blocks, scale)
@@ -288,8 +289,8 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
     return rows
 
 
-_COLUMNS = ("H/H_kv/D", "L", "layout", "Q block", "KV block", "density", "cells/allowed", "impl", "ms", "TFLOP/s", "% cuDNN",
-            "× vs Flex", "note")
+_COLUMNS = ("H/H_kv/D", "L", "layout", "Q block", "KV block", "density", "cells/allowed", "impl", "ms", "TFLOP/s",
+            "% cuDNN", "× vs Flex", "note")
 
 
 def _cells(r: dict) -> list[str]:

@@ -87,8 +87,8 @@ def attention_sweep() -> list[dict]:
 
 
 def _fmt(r):
-    keys = ("mask", "D", "block_m", "block_n", "H", "H_kv", "L", "density", "variant", "worst_row_rel_err", "lse_max_abs_err",
-            "nan_out", "deterministic", "ok")
+    keys = ("mask", "D", "block_m", "block_n", "H", "H_kv", "L", "density", "variant", "worst_row_rel_err",
+            "lse_max_abs_err", "nan_out", "deterministic", "ok")
     return " ".join(f"{k}={r.get(k)}" if not isinstance(r.get(k), float) else f"{k}={r[k]:.3g}" for k in keys)
 
 

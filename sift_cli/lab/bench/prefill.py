@@ -252,7 +252,8 @@ class _CaseRun:
                "cell_density": cells, "block_density": blocks,
                "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
                                                         block_lists),
-               "query_blocks": self.query_blocks, "block_m": opts.block_m, "block_n": self.block_n, "metadata_bytes": self.case.bits.nbytes(),
+               "query_blocks": self.query_blocks, "block_m": opts.block_m, "block_n": self.block_n,
+               "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
                "speedup": self.full / ttft if ttft else None, "decoder": decoder,
                "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms}
@@ -341,8 +342,8 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
              log=print, baseline: tuple[float, float] | None = None, cuda_graphs: bool = False,
              query_blocks: str = "segment") -> list[dict]:
     """Rows (one per mode) for one prompt length. block_ms: SIFT's query block rows (None: the backend's), one
-    SIFT row per backend and size (labelled `@m<rows>` when there are several). baseline: (full ms, no-attention ms) measured earlier on
-    the same model and length — full recompute is then not re-run."""
+    SIFT row per backend and size (labelled `@m<rows>` when there are several). baseline: (full ms, no-attention
+    ms) measured earlier on the same model and length — full recompute is then not re-run."""
     run = _CaseRun(case, repeat, warmup, energy, block_ms[0], block_n, ratio, ssd_gbps, log, cuda_graphs=cuda_graphs,
                    query_blocks=query_blocks)
     if baseline is not None:
