@@ -58,3 +58,11 @@ def test_a_failing_benchmark_case_is_listed_not_tabled(capsys, monkeypatch):
     monkeypatch.setattr(bp, "run_profile_bench", lambda **k: [{"model": "m", "case": "c", "error": "RuntimeError: boom"}])
     code, out, err = run(capsys, "bench", "profile", "--device", "cpu")
     assert code == 1 and "boom" not in out and "failed: m / c: RuntimeError: boom" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["96", "64,x", ""])
+def test_bench_prefill_refuses_a_bad_query_block_size(capsys, value):
+    """--block-m is checked before the GPU is looked for, with one line."""
+    code, out, err = run(capsys, "bench", "prefill", "--block-m", value)
+    assert_one_line_error(code, err, "--block-m")
+    assert code == 2 and out == ""
