@@ -173,10 +173,12 @@ def computed_cells(blocks: BlockLists) -> int:
     return int((blocks.dense_mask().to(torch.int64) * cells[None]).sum())
 
 
-def cell_density(blocks: BlockLists) -> float:
-    """Computed (query, key) cells over all causal cells, across heads (the STUDY's density)."""
+def cell_density(blocks: BlockLists, computed: int | None = None) -> float:
+    """Computed (query, key) cells over all causal cells, across heads (the STUDY's density); computed: the lists'
+    `computed_cells` when already counted."""
     L = blocks.seq_len
-    return computed_cells(blocks) / max(1.0, blocks.n_heads * L * (L + 1) / 2)
+    computed = computed_cells(blocks) if computed is None else computed
+    return computed / max(1.0, blocks.n_heads * L * (L + 1) / 2)
 
 
 def cells_of_documents(blocks: BlockLists, bits: PromptBits, docs: list[int]) -> int:
@@ -197,9 +199,11 @@ def cells_of_documents(blocks: BlockLists, bits: PromptBits, docs: list[int]) ->
     return int((blocks.dense_mask().to(torch.int64) * cells[None]).sum())
 
 
-def mean_densities(block_lists: list[BlockLists]) -> tuple[float, float]:
-    """(cell density averaged over layers, computed over causal blocks of all layers) of a prompt's block lists."""
-    cells = sum(cell_density(b) for b in block_lists) / len(block_lists)
+def mean_densities(block_lists: list[BlockLists], computed: list[int] | None = None) -> tuple[float, float]:
+    """(cell density averaged over layers, computed over causal blocks of all layers) of a prompt's block lists;
+    computed: each layer's `computed_cells` when already counted."""
+    computed = computed or [None] * len(block_lists)
+    cells = sum(cell_density(b, c) for b, c in zip(block_lists, computed)) / len(block_lists)
     blocks = sum(b.computed_blocks() for b in block_lists) / sum(b.causal_blocks() for b in block_lists)
     return cells, blocks
 
@@ -230,8 +234,9 @@ def allowed_cells(bits: PromptBits, layer: int) -> int:
     return total
 
 
-def cells_over_allowed(bits: PromptBits, layers: list[BlockLists]) -> float:
-    """SPEC §6's fidelity measure over every layer: causal pairs computed over pairs the token rule allows."""
-    computed = sum(computed_cells(b) for b in layers)
+def cells_over_allowed(bits: PromptBits, layers: list[BlockLists], computed: list[int] | None = None) -> float:
+    """SPEC §6's fidelity measure over every layer: causal pairs computed over pairs the token rule allows;
+    computed: each layer's `computed_cells` when already counted."""
+    computed = sum(computed) if computed is not None else sum(computed_cells(b) for b in layers)
     allowed = sum(allowed_cells(bits, layer) for layer in range(len(layers)))
     return computed / max(1, allowed)

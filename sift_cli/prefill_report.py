@@ -21,18 +21,20 @@ def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict:
 
 
 def density_report(block_lists: list[BlockLists], bits: PromptBits | None = None) -> dict:
-    per_layer = [{"layer": i, "blocks": b.density(), "cells": cell_density(b)} for i, b in enumerate(block_lists)]
+    counted = [computed_cells(b) for b in block_lists]  # each layer's computed cells, counted once
+    per_layer = [{"layer": i, "blocks": b.density(), "cells": cell_density(b, c)}
+                 for i, (b, c) in enumerate(zip(block_lists, counted))]
     computed = sum(b.computed_blocks() for b in block_lists)
     causal = sum(b.causal_blocks() for b in block_lists)
     report = {"blocks": computed / causal, "cells": sum(r["cells"] for r in per_layer) / len(per_layer),
               "computed_blocks": computed, "causal_blocks": causal, "per_layer": per_layer}
     if bits is not None:
         bits = bits.to(block_lists[0].offsets.device)
-        report["cells_over_allowed"] = cells_over_allowed(bits, block_lists)
+        report["cells_over_allowed"] = cells_over_allowed(bits, block_lists, counted)
         dense = bits.dense_docs()
         if dense:  # what the documents without bits cost: their share of the computed cells
             report["dense_docs_cells_share"] = (sum(cells_of_documents(b, bits, dense) for b in block_lists)
-                                                / max(1, sum(computed_cells(b) for b in block_lists)))
+                                                / max(1, sum(counted)))
     return report
 
 

@@ -35,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...attention.swap import swapped_attention
-from ...block_lists import cells_over_allowed, mean_densities
+from ...block_lists import cells_over_allowed, computed_cells, mean_densities
 from ...errors import SiftError
 from ...models import load_model
 from ...prefill import (GraphedPrefill, PrefillOptions, choose_decoder, for_backend, prepare_sparse, prompt_table,
@@ -243,7 +243,8 @@ class _CaseRun:
             transfer, decode = med(r.transfer_ms for r in runs), med(r.prepare_ms for r in runs)
             fwd, block_lists, capture_ms = med(r.forward_ms for r in runs), runs[-1].plan.block_lists, None
             del runs
-        cells, blocks = mean_densities(block_lists)
+        counted = [computed_cells(b) for b in block_lists]  # each layer's computed cells, counted once
+        cells, blocks = mean_densities(block_lists, counted)
         ideal = self.full - (1 - cells) * self.attn_full
         mode = f"sift-{backend.name}{label}"
         row = {**self.base, "mode": mode, "ttft_ms": ttft, "runs_ms": runs_ms,
@@ -251,7 +252,7 @@ class _CaseRun:
                "attention_ms": None if fwd is None else max(0.0, fwd - self.rest), "other_ms": self.rest,
                "cell_density": cells, "block_density": blocks,
                "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
-                                                        block_lists),
+                                                        block_lists, counted),
                "query_blocks": self.query_blocks, "block_m": opts.block_m, "block_n": self.block_n,
                "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,

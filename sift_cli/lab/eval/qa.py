@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ...attention.integration import prepare_plan, sparse_attention
-from ...block_lists import cell_density, mean_densities
+from ...block_lists import mean_densities
 from ...config import resolve_profile_config
 from ...errors import SiftError
 from ...prefill import PrefillOptions, dense_prefill, sparse_prefill
@@ -106,7 +106,7 @@ def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: in
     if "sink+window" in modes:
         block_lists, windows = matched_block_lists(prompt.layout, sift_lists)
         lg, past, ms = _timed_forward_with_block_lists(lm, ids, backend, block_lists)
-        dens = sum(cell_density(b) for b in block_lists) / len(block_lists)
+        dens = mean_densities(block_lists)[0]
         finish("sink+window", lg, past, ms, cell_density=dens, windows=windows)
     if "kv-reuse" in modes or "cacheblend" in modes:
         records = shards.get(list(spec.doc_ids))
