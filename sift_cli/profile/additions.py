@@ -99,7 +99,8 @@ def _add_to_bucket(out: Path, s: int, members: list[Document], tokens: dict, lm:
     if path.is_file() and not keep:
         return False
     new_rows, _ = profile_rows(keep, lm, cfg, prefix_ids, None, 0, 0)
-    skipped = {d: why for d, why in skipped.items() if d not in {k.doc_id for k, _ in keep}}
+    added = {d.doc_id for d, _ in keep}
+    skipped = {d: why for d, why in skipped.items() if d not in added}
     write_shard(path, rows + new_rows, {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped),
                                         "sift.skip_reasons": skipped})
     report.added.extend(d.doc_id for d, _ in keep)
