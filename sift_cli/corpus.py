@@ -253,7 +253,8 @@ def json_lines(path: Path) -> Iterator[tuple[str, object]]:
         yield origin, value
 
 
-def _record_document(rec, origin: str, fmt: CorpusFormat) -> Document | Skipped:
+def record_document(rec, origin: str, fmt: CorpusFormat) -> Document | Skipped:
+    """One JSONL record or Parquet row as a document, or why it cannot be one."""
     if not isinstance(rec, dict):
         return Skipped(origin, "not a JSON object (expected one object per line)")
     missing = [(f, flag) for f, flag in ((fmt.id_field, "--id-field"), (fmt.text_field, "--text-field"))
@@ -284,7 +285,7 @@ def _read_jsonl(path: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]:
         elif bad is not None:
             yield Skipped(origin, f"invalid JSON ({bad.msg})")
         else:
-            yield _record_document(rec, origin, fmt)
+            yield record_document(rec, origin, fmt)
 
 
 def _read_parquet(path: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]:
@@ -305,4 +306,4 @@ def _read_parquet(path: Path, fmt: CorpusFormat) -> Iterator[Document | Skipped]
             origin = f"{path}:row {row}"
             row += 1
             rec = {fmt.title_field: title, fmt.id_field: "" if doc_id is None else doc_id, fmt.text_field: text}
-            yield _record_document(rec, origin, fmt)
+            yield record_document(rec, origin, fmt)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .corpus import JSONL_SUFFIXES, CorpusFormat, Document, is_text_file, json_lines, read_corpus, render
+from .corpus import (JSONL_SUFFIXES, CorpusFormat, Document, Skipped, is_text_file, json_lines, read_corpus,
+                     record_document)
 from .errors import SiftError
 from .layout import PromptBits, PromptLayout
 from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenize_documents, tokenizer_info
@@ -103,15 +104,13 @@ def _jsonl_documents(path: Path, fmt: CorpusFormat) -> list[str | Document]:
     for origin, rec in json_lines(path):
         if not isinstance(rec, dict) or fmt.id_field not in rec:
             raise SiftError(f"{origin}: expected an object with an {fmt.id_field!r} field")
-        doc_id, text = str(rec[fmt.id_field]), rec.get(fmt.text_field)
-        if text is None:
-            docs.append(doc_id)
-        elif not isinstance(text, str) or not text.strip():
-            raise SiftError(f"{origin}: field {fmt.text_field!r} is not a non-empty string")
-        else:
-            title = rec.get(fmt.title_field)
-            docs.append(Document(doc_id, render(fmt, doc_id, text, title if isinstance(title, str) else None),
-                                 origin))
+        if rec.get(fmt.text_field) is None:  # by id
+            docs.append(str(rec[fmt.id_field]))
+            continue
+        doc = record_document(rec, origin, fmt)  # as text, read as a corpus record is
+        if isinstance(doc, Skipped):
+            raise SiftError(f"{doc.origin}: {doc.reason} — {doc.remedy or 'fix the record'}")
+        docs.append(doc)
     if not docs:
         raise SiftError(f"{path}: no documents")
     return docs
