@@ -175,16 +175,16 @@ def load_documents(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> list
     return load_corpus(path, fmt).check().documents
 
 
-def _text_of(raw: bytes) -> tuple[str | None, str | None]:
-    """(text, None) or (None, reason)."""
+def _text_of(raw: bytes) -> tuple[str | None, str | None, str | None]:
+    """(text, None, None) or (None, reason, remedy or None)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, f"not valid UTF-8 (byte {exc.start})"
+        return None, f"not valid UTF-8 (byte {exc.start})", "convert it to UTF-8"
     text = text.removeprefix("\ufeff")
     if not text.strip():
-        return None, "empty document"
-    return text, None
+        return None, "empty document", None
+    return text, None, None
 
 
 def _text_document(doc_id: str, file: Path, fmt: CorpusFormat) -> Document | Skipped:
@@ -192,9 +192,9 @@ def _text_document(doc_id: str, file: Path, fmt: CorpusFormat) -> Document | Ski
         raw = file.read_bytes()
     except OSError as exc:
         return Skipped(str(file), f"cannot be read ({exc.strerror or exc})", doc_id)
-    text, problem = _text_of(raw)
+    text, problem, remedy = _text_of(raw)
     if problem:
-        return Skipped(str(file), problem, doc_id, remedy="convert it to UTF-8" if "UTF-8" in problem else None)
+        return Skipped(str(file), problem, doc_id, remedy=remedy)
     return Document(doc_id, render(fmt, doc_id, text, None), str(file))
 
 
