@@ -12,13 +12,12 @@ Commands import the library and the lab when they run, so that `sift --help` doe
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
 from rich.markup import escape
 
-from ..errors import SiftError
+from ..errors import SiftError, debug_enabled, error_line
 from . import prefill, profile, shards
 from .bench import bench_app
 from .console import Interrupted, err
@@ -41,7 +40,7 @@ app.command("calibrate")(calibrate)
 
 
 def main() -> None:
-    debug = os.environ.get("SIFT_DEBUG", "") not in ("", "0")
+    debug = debug_enabled()
     try:
         rc = app(standalone_mode=False)  # click returns (not raises) the code of typer.Exit here
         if rc == 130:  # typer turned a Ctrl-C into a silent Exit(130)
@@ -69,8 +68,7 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if debug:
             raise
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        err.print(f"[red]error:[/] {type(exc).__name__}: {escape(first)} (set SIFT_DEBUG=1 for the traceback)")
+        err.print(f"[red]error:[/] {escape(error_line(exc))} (set SIFT_DEBUG=1 for the traceback)")
         sys.exit(1)
 
 

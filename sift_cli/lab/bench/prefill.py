@@ -36,7 +36,7 @@ from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...attention.swap import swapped_attention
 from ...block_lists import cells_over_allowed, computed_cells, mean_densities
-from ...errors import SiftError
+from ...errors import SiftError, error_line
 from ...models import load_model
 from ...prefill import (GraphedPrefill, PrefillOptions, choose_decoder, for_backend, prepare_sparse, prompt_table,
                         sparse_prefill, sync_device)
@@ -100,15 +100,6 @@ def _device_name(dev) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _first_line(exc: Exception, limit: int = 200) -> str:
-    lines = str(exc).splitlines()
-    return lines[0][:limit] if lines else ""
-
-
-def _error(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {_first_line(exc)}"
-
-
 # ---- one case --------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -160,7 +151,7 @@ class _CaseRun:
         row["energy"] = e
 
     def error_row(self, mode: str, exc: Exception) -> None:
-        self.rows.append({**self.base, "mode": mode, "error": _error(exc)})
+        self.rows.append({**self.base, "mode": mode, "error": error_line(exc, 200)})
         self.log(f"  {self.L:>6} {mode} failed: {self.rows[-1]['error']}")
         if self.dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -178,7 +169,7 @@ class _CaseRun:
                 kernel, impl = attempt
                 break
             except RuntimeError as exc:
-                self.log(f"  dense SDPA with {attempt}: {_first_line(exc, 120)}")
+                self.log(f"  dense SDPA with {attempt}: {error_line(exc, 120)}")
                 torch.cuda.empty_cache() if dev.type == "cuda" else None
 
         def dense():
@@ -412,7 +403,7 @@ def _run_cases(cases, emit, out_of_time, log, host_kv_for=None, empty_cache: boo
             emit(run_case(case, host_kv=host_kv, log=log, **case_kw))
         except Exception as exc:  # one case failing must not lose the others
             emit([{"model": case.label, "pattern": case.pattern, "tokens": len(case.input_ids), "mode": "all",
-                   "error": _error(exc)}])
+                   "error": error_line(exc, 200)}])
             log(f"  case {len(case.input_ids)} failed: {exc}")
         if empty_cache:
             torch.cuda.empty_cache()

@@ -26,7 +26,6 @@ import random
 import shutil
 import statistics
 import tempfile
-import os
 import time
 import traceback
 from pathlib import Path
@@ -37,7 +36,7 @@ from rich.table import Table
 
 from ...config import resolve_profile_config
 from ...corpus import CorpusFormat, load_documents
-from ...errors import SiftError
+from ...errors import SiftError, debug_enabled, error_line
 from ...models import load_model, prefix_token_ids, tokenize_documents
 from ...profile.batches import padded_batch, plan_batches
 from ...profile.job import profile_corpus
@@ -140,7 +139,7 @@ def bench_case(lm, model_name: str, case: str, records: list[dict], work: Path, 
             log(f"  {model_name} / {case}: profile ({stats}) {rep.tokens_per_second:,.0f} tok/s "
                 f"= {row[f'ratio_{stats}']:.2f} of dense, {rep.shards_written} shards in {rep.seconds:.1f} s")
         except Exception as exc:  # report and go on with the other paths and cases
-            row[f"profile_{stats}_error"] = _error_text(exc)
+            row[f"profile_{stats}_error"] = error_line(exc, 300)
             log(f"  {model_name} / {case}: profile ({stats}) FAILED: {row[f'profile_{stats}_error']}")
             _debug_traceback()
     if len(digests) >= 2:
@@ -181,7 +180,7 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                                    **kw))
         except Exception as exc:
             _debug_traceback()
-            rows.append({"model": model_name, "case": case, "error": _error_text(exc)})
+            rows.append({"model": model_name, "case": case, "error": error_line(exc, 300)})
 
     if {"nq", "essays"} & set(cases):
         try:
@@ -194,7 +193,7 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                 attempt(name, "essays", lambda: essay_case_records(data, essay_docs), smol)
         except Exception as exc:
             _debug_traceback()
-            rows.append({"model": "SmolLM2-135M-Instruct", "case": "NQ passages / essays", "error": _error_text(exc)})
+            rows.append({"model": "SmolLM2-135M-Instruct", "case": "NQ passages / essays", "error": error_line(exc, 300)})
     llama_cases = [c for c in ("8b-2k", "8b-8k") if c in cases]
     if llama_cases:
         conf = llama_config or LLAMA3_8B_CONFIG
@@ -212,7 +211,7 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                         lm, fmt=CorpusFormat(template="{text}"), prefix_text="", repeat=1)
         except Exception as exc:
             _debug_traceback()
-            rows.append({"model": LLAMA3_8B_NAME, "case": ", ".join(llama_cases), "error": _error_text(exc)})
+            rows.append({"model": LLAMA3_8B_NAME, "case": ", ".join(llama_cases), "error": error_line(exc, 300)})
         finally:
             if llama is None:
                 del lm
@@ -221,13 +220,8 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
     return rows
 
 
-def _error_text(exc: BaseException) -> str:
-    first = (str(exc).splitlines() or [""])[0]
-    return (first if isinstance(exc, SiftError) else f"{type(exc).__name__}: {first}")[:300]
-
-
 def _debug_traceback() -> None:
-    if os.environ.get("SIFT_DEBUG", "") not in ("", "0"):
+    if debug_enabled():
         traceback.print_exc()
 
 
