@@ -21,7 +21,7 @@ from ...corpus import CorpusFormat, load_documents
 from ...errors import SiftError
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .backend import eval_backend
-from .prompt_sets import PromptSet, corpus_prompt_set
+from .prompt_sets import PromptSet, check_document_count, corpus_prompt_set
 from ...sample import resolve_corpus
 from .sweep import GridPoint, SweepContext, check_points
 
@@ -144,12 +144,10 @@ def calibrate_corpus(model: ModelSpec, corpus: str, points: list[GridPoint], tar
     check_points(points)
     qs = read_queries(queries)
     docs = load_documents(resolve_corpus(corpus), fmt)  # the corpus is checked before the model loads
-    if len(docs) < docs_per_prompt:
-        raise SiftError(f"{corpus}: {len(docs)} documents, fewer than --docs-per-prompt {docs_per_prompt} — lower "
-                        f"--docs-per-prompt")
+    check_document_count(docs, docs_per_prompt, str(corpus))
     lm = model.load()
-    pset = corpus_prompt_set(docs, fmt, n_prompts, docs_per_prompt, qs, seed, lm=lm)  # prompts fit the context
-    pset.source = str(corpus)
+    pset = corpus_prompt_set(docs, fmt, n_prompts, docs_per_prompt, qs, seed, lm=lm,  # prompts fit the context
+                             source=str(corpus))
     with progress_bar("calibrating") as prog:
         res = calibrate(lm, pset, points, target, eval_backend(backend, lm.device), block_m, block_n, max_new_tokens,
                         progress=prog)

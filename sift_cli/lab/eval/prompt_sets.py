@@ -117,19 +117,25 @@ def builtin_prompt_set(data: str, data_dir, n_docs: int, n_prompts: int, seed: i
     raise SiftError(f"--data {data}: expected nq or essays")
 
 
+def check_document_count(docs: list[Document], docs_per_prompt: int, source: str) -> None:
+    """Refuse a corpus with fewer documents than one prompt takes (callers check it before loading the model)."""
+    if len(docs) < docs_per_prompt:
+        raise SiftError(f"{source}: {len(docs)} documents, fewer than --docs-per-prompt {docs_per_prompt} — lower "
+                        f"--docs-per-prompt")
+
+
 def corpus_prompt_set(corpus: str | Path | list[Document], fmt: CorpusFormat, n_prompts: int, docs_per_prompt: int,
-                      queries: list[str] | None = None, seed: int = 0, lm: LoadedModel | None = None) -> PromptSet:
-    """Random prompts over the user's own corpus (a path, or its documents already read): `docs_per_prompt`
-    distinct documents each, a query from `queries` (or generic ones).
+                      queries: list[str] | None = None, seed: int = 0, lm: LoadedModel | None = None,
+                      source: str | None = None) -> PromptSet:
+    """Random prompts over the user's own corpus (a path, or its documents already read, then `source` names
+    them): `docs_per_prompt` distinct documents each, a query from `queries` (or generic ones).
 
     With `lm`, every prompt fits the model's context: documents that cannot fit even alone (with the prefix and
     the longest question) are not sampled, and a prompt whose sample would be too long keeps the documents that
     fit, so it has fewer than `docs_per_prompt`. Prompts are checked here, before any model pass."""
     docs = corpus if isinstance(corpus, list) else load_documents(corpus, fmt)
-    source = str(corpus) if not isinstance(corpus, list) else "documents"
-    if len(docs) < docs_per_prompt:
-        raise SiftError(f"{source}: {len(docs)} documents, fewer than --docs-per-prompt {docs_per_prompt} — lower "
-                        f"--docs-per-prompt")
+    source = source or (str(corpus) if not isinstance(corpus, list) else "documents")
+    check_document_count(docs, docs_per_prompt, source)
     queries = list(queries or GENERIC_QUERIES)
     fits, budget = (lambda ids: True), None
     if lm is not None:

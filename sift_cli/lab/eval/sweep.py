@@ -30,7 +30,7 @@ from ...prompt import build_prompt
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .backend import eval_backend
 from .probe import probe_forward
-from .prompt_sets import PromptSet, builtin_prompt_set, corpus_prompt_set
+from .prompt_sets import PromptSet, builtin_prompt_set, check_document_count, corpus_prompt_set
 from .recall import COUNTS, RecallProbe, summarize
 from .thresholds import collect_stats, derive_bits
 
@@ -215,10 +215,12 @@ def sweep_report(model: ModelSpec, points: list[GridPoint], data: str | None = N
     check_points(points)  # the points, the data and the corpus are checked before the model loads
     pset = builtin_prompt_set(data, data_dir, n_docs, n_prompts, seed, docs_per_prompt, words) if data else None
     docs = load_documents(corpus, CorpusFormat()) if corpus else None
+    if docs is not None:
+        check_document_count(docs, docs_per_prompt, str(corpus))
     lm = model.load()
     if corpus:
-        pset = corpus_prompt_set(docs, CorpusFormat(), n_prompts, docs_per_prompt, None, seed, lm=lm)
-        pset.source = str(corpus)
+        pset = corpus_prompt_set(docs, CorpusFormat(), n_prompts, docs_per_prompt, None, seed, lm=lm,
+                                 source=str(corpus))
     with progress_bar("sweep") as prog:
         res = run_sweep(lm, pset, points, eval_backend(backend, lm.device), block_m, block_n, max_new_tokens, recall,
                         progress=prog)
