@@ -1,12 +1,21 @@
 """CPU sparse attention whose cost follows the listed blocks (the default sparse path on a CPU).
 
-For each query block (rows [r0, r1)) and head, the listed KV blocks split in two: the far ones (every key < r0,
-so every row of the block sees all of them: no mask) and the near ones (keys in [r0, r1), the causal triangle).
-The far keys are gathered and attended without a mask, the near ones with SDPA's own causal kernel, and the two
-partial softmaxes are merged through their log-sum-exps. Heads of one KV head whose far blocks are the same share
-one call (and one gather of its keys), and a layer whose lists hold every causal block is one plain causal SDPA
-call. Where the near keys are not exactly [r0, r1) (query blocks on the global grid that straddle a segment), that
-head and block take the general path: one SDPA call with an explicit mask.
+A (head, query block)'s listed KV blocks split three ways, by where they end: before the query block's segment
+("cross": earlier documents' pages and the prefix), inside the segment before the block's first row ("own-far"),
+and at or after it ("near": keys in [r0, r1), the causal triangle). Each part is one attention call that returns
+its log-sum-exp, and the partial softmaxes are merged through them:
+
+- near: SDPA's causal kernel over [r0, r1), every head at once; own-far: gathered keys without a mask, heads of one
+  KV head with the same blocks in one call;
+- a segment whose every query block lists all its own blocks (the common case: LA tiles are nearly dense) has its
+  own part as one causal call over the segment instead;
+- cross: consecutive query blocks of a segment listing the same cross blocks (CA pages are a property of the key
+  document, so usually the whole segment) run as one unmasked call over all their rows. PyTorch's CPU flash op cuts
+  short query runs into 32-row GEMMs and long ones into 256-row GEMMs, so long calls cost less per cell.
+
+A layer whose lists hold every causal block is one plain causal SDPA call. Where the near keys are not exactly
+[r0, r1) (query blocks on the global grid that straddle a segment), that head and block take the general path:
+one SDPA call with an explicit mask over every listed key.
 
 It computes the reference's function (SPEC §6). It needs PyTorch's CPU flash-attention op that returns the
 log-sum-exp; without it every block takes the general path.
@@ -15,6 +24,7 @@ log-sum-exp; without it every block takes the general path.
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -47,12 +57,60 @@ def _merge(o1, l1, o2, l2):
     return torch.lerp(o2, o1, torch.sigmoid(d)[..., None]), l2 + F.softplus(d)
 
 
-def _masked(q, kg, vg, keys, rows, scale, return_lse):
+def _masked(q, kg, vg, keys, rows, scale):
     """One head, general path: q [R, D] over gathered keys with the causal mask keys <= rows."""
     allowed = keys[None, :] <= rows[:, None]
     s = (q @ kg.T).mul_(scale).masked_fill_(~allowed, float("-inf"))
     lse = torch.logsumexp(s, -1)
     return torch.exp(s - lse[:, None]) @ vg, lse
+
+
+def _run_starts(table) -> list[int]:
+    """Each query block's run start: its segment's first row when query blocks are cut per segment (a block then
+    lies in one segment), else the block's own first row. Listed blocks ending at or before it are "cross"."""
+    q_start = table.q_start.tolist()
+    if table.query_blocks != "segment" or table.n_kv_blocks == 0:
+        return q_start
+    starts, doc = table.kv_start.cpu().numpy(), table.kv_doc.cpu().numpy()
+    first = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])  # each segment's first KV block
+    seg_of = np.searchsorted(first, np.searchsorted(starts, q_start), side="right") - 1
+    return starts[first[seg_of]].tolist()
+
+
+@dataclass
+class _Split:
+    """Every (head, query block)'s list split by `_split`."""
+
+    own_far: dict = field(default_factory=dict)  # (h, m) → own-far blocks, for pairs on the flash path
+    cross: dict = field(default_factory=dict)  # (h, m) → cross blocks, for pairs on the flash path
+    own_full: dict = field(default_factory=dict)  # (h, m) → True when it lists every own block of its segment
+    general: dict = field(default_factory=dict)  # m → [(h, every listed block)] on the masked path
+
+
+def _split(offsets, indices, kv_start, kv_len, q_start, q_len, run_start, n_heads) -> _Split:
+    out = _Split()
+    for m, (r0, n_rows) in enumerate(zip(q_start, q_len)):
+        r1, s0 = r0 + n_rows, run_start[m]
+        near_blocks = list(range(bisect_left(kv_start, r0), bisect_left(kv_start, r1)))  # kv_start ascends
+        n_own = bisect_left(kv_start, r1) - bisect_left(kv_start, s0)
+        for h in range(n_heads):
+            listed = indices[offsets[h][m]: offsets[h][m + 1]]
+            ends = [(kv_start[kb] + kv_len[kb], kb) for kb in listed]
+            cross = tuple(sorted(kb for e, kb in ends if e <= s0))
+            far = tuple(sorted(kb for e, kb in ends if s0 < e <= r0))
+            near = sorted(kb for e, kb in ends if e > r0)
+            if _FLASH is not None and near == near_blocks and all(kv_start[kb] >= r0 for kb in near):
+                out.own_far[h, m], out.cross[h, m] = far, cross
+                out.own_full[h, m] = len(far) + len(near) == n_own
+            else:
+                out.general.setdefault(m, []).append((h, cross + far + tuple(near)))
+    return out
+
+
+def _segments(run_start: list[int]) -> list[tuple[int, int]]:
+    """Query block ranges [m, e) sharing a run start."""
+    bounds = [m for m in range(len(run_start)) if m == 0 or run_start[m] != run_start[m - 1]]
+    return list(zip(bounds, bounds[1:] + [len(run_start)]))
 
 
 def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists, scale: float,
@@ -75,11 +133,14 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
         out.copy_(o)
         return (out, lse) if return_lse else out
 
-    offsets = blocks.offsets.tolist()
-    indices = blocks.indices[: blocks.computed_blocks()].tolist()
     kv_start, kv_len = table.kv_start.tolist(), table.kv_len.tolist()
-    pos = torch.arange(L, device=q.device)
+    q_start, q_len = table.q_start.tolist(), table.q_len.tolist()
+    run_start = _run_starts(table)
+    split = _split(blocks.offsets.tolist(), blocks.indices[: blocks.computed_blocks()].tolist(), kv_start, kv_len,
+                   q_start, q_len, run_start, H)
     starts, lens = table.kv_start.cpu().numpy().astype(np.int64), table.kv_len.cpu().numpy().astype(np.int64)
+    o_all = torch.empty(H, L, v.shape[-1], dtype=compute_dtype, device=q.device)  # merged so far, per row
+    l_all = torch.empty(H, L, dtype=compute_dtype, device=q.device)
 
     def keys_of(kbs) -> torch.Tensor:  # the keys of blocks kbs, in order
         b = np.asarray(kbs, dtype=np.int64)
@@ -90,45 +151,68 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     def pick(hs):  # a view for one head, an index otherwise
         return slice(hs[0], hs[0] + 1) if len(hs) == 1 else hs
 
-    for m, (r0, n_rows) in enumerate(zip(table.q_start.tolist(), table.q_len.tolist())):
+    def causal(hs, r0, r1):  # heads hs, rows [r0, r1) over keys [r0, r1), causal
+        if len(hs) == H:
+            kn, vn = (t[:, r0:r1].repeat_interleave(group, 0) for t in (kc, vc))
+        else:
+            kv = torch.tensor(hs, device=q.device) // group
+            kn, vn = kc[kv, r0:r1], vc[kv, r0:r1]
+        return _attend(qc[pick(hs), r0:r1], kn, vn, scale, True)
+
+    def shared(hs, g, r0, r1, kbs):  # heads hs of KV head g, rows [r0, r1) over blocks kbs, no mask
+        keys = keys_of(kbs)
+        return _attend_shared(qc[pick(hs), r0:r1], kc[g].index_select(0, keys), vc[g].index_select(0, keys), scale)
+
+    # Own part of a segment whose every query block lists all its own blocks: one causal call over the segment.
+    whole = set()
+    for m, e in _segments(run_start):
+        if e - m == 1 and run_start[m] == q_start[m]:
+            continue  # one block: the per-block path below does the same
+        hs = [h for h in range(H) if all(split.own_full.get((h, j), False) for j in range(m, e))]
+        if hs:
+            r0, r1 = q_start[m], q_start[e - 1] + q_len[e - 1]
+            o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1] = causal(hs, r0, r1)
+            whole.update((h, j) for h in hs for j in range(m, e))
+    # Own part of every other query block: near (causal) + own-far (gathered), or the general masked path.
+    for m, (r0, n_rows) in enumerate(zip(q_start, q_len)):
         r1 = r0 + n_rows
-        near_blocks = list(range(bisect_left(kv_start, r0), bisect_left(kv_start, r1)))  # kv_start ascends
-        far_of: dict[tuple, list[int]] = {}  # (far block list, KV head) → query heads
-        general = []
+        far_of: dict[tuple, list[int]] = {}  # (own-far blocks, KV head) → query heads
         for h in range(H):
-            listed = indices[offsets[h][m]: offsets[h][m + 1]]
-            far = tuple(sorted(kb for kb in listed if kv_start[kb] + kv_len[kb] <= r0))
-            near = sorted(kb for kb in listed if kv_start[kb] + kv_len[kb] > r0)
-            if _FLASH is not None and near == near_blocks and all(kv_start[kb] >= r0 for kb in near):
-                far_of.setdefault((far, h // group), []).append(h)
-            else:
-                general.append((h, far + tuple(near)))
-        if far_of:  # near part: the causal triangle of [r0, r1), every head at once
+            if (h, m) in split.own_far and (h, m) not in whole:
+                far_of.setdefault((split.own_far[h, m], h // group), []).append(h)
+        if far_of:
             heads = sorted(h for hs in far_of.values() for h in hs)
-            if len(heads) == H:
-                kn, vn = (t[:, r0:r1].repeat_interleave(group, 0) for t in (kc, vc))
-                o_near, l_near = _attend(qc[:, r0:r1], kn, vn, scale, True)
-            else:
-                kv = torch.tensor(heads, device=q.device) // group
-                o_near, l_near = _attend(qc[heads, r0:r1], kc[kv, r0:r1], vc[kv, r0:r1], scale, True)
+            o_near, l_near = causal(heads, r0, r1)
             slot = {h: i for i, h in enumerate(heads)}
         for (far, g), hs in far_of.items():
             idx = pick([slot[h] for h in hs])
             o, lo = o_near[idx], l_near[idx]
             if far:
-                keys = keys_of(far)
-                o_far, l_far = _attend_shared(qc[pick(hs), r0:r1], kc[g].index_select(0, keys),
-                                              vc[g].index_select(0, keys), scale)
-                o, lo = _merge(o_far, l_far, o, lo)
-            out[pick(hs), r0:r1] = o.to(q.dtype)
-            if return_lse:
-                lse[pick(hs), r0:r1] = lo.float()
-        for h, listed in general:
+                o, lo = _merge(*shared(hs, g, r0, r1, far), o, lo)
+            o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1] = o, lo
+        for h, listed in split.general.get(m, ()):
             keys = keys_of(listed)
-            o, lo = _masked(qc[h, r0:r1], kc[h // group].index_select(0, keys), vc[h // group].index_select(0, keys),
-                            keys, pos[r0:r1], scale, return_lse)
-            out[h, r0:r1] = o.to(q.dtype)
-            lse[h, r0:r1] = lo.float()
+            o_all[h, r0:r1], l_all[h, r0:r1] = _masked(qc[h, r0:r1], kc[h // group].index_select(0, keys),
+                                                       vc[h // group].index_select(0, keys), keys,
+                                                       torch.arange(r0, r1, device=q.device), scale)
+    # Cross part: consecutive query blocks of a segment with the same cross blocks as one call over their rows.
+    runs: dict[tuple, list[int]] = {}  # (first row, end row, cross blocks, KV head) → query heads
+    for m0, e0 in _segments(run_start):
+        for h in range(H):
+            m = m0
+            while m < e0:
+                cross = split.cross.get((h, m))
+                e = m + 1
+                while cross is not None and e < e0 and split.cross.get((h, e)) == cross:
+                    e += 1
+                if cross:
+                    runs.setdefault((q_start[m], q_start[e - 1] + q_len[e - 1], cross, h // group), []).append(h)
+                m = e
+    for (r0, r1, cross, g), hs in runs.items():
+        o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1] = _merge(*shared(hs, g, r0, r1, cross),
+                                                                o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1])
+    out.copy_(o_all)
+    lse.copy_(l_all)
     return (out, lse) if return_lse else out
 
 

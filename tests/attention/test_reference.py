@@ -63,6 +63,32 @@ def test_gather_equals_reference_on_document_tables(prefix, docs, suffix, query_
                           atol=3e-6)
 
 
+@pytest.mark.parametrize("prefix,docs,suffix", AWKWARD)
+def test_gather_segment_calls_equal_reference(prefix, docs, suffix):
+    """Lists shaped like real ones: even heads list every own block of their segment (one causal call per segment)
+    and drop KV blocks of earlier segments the same way for all of a segment's query blocks (one call over its
+    rows); odd heads also drop own blocks per query block (the per-block paths)."""
+    rng = np.random.default_rng(prefix + sum(docs))
+    pb, _ = random_prompt(rng, 64, n_layers=1, n_heads=6, doc_lengths=docs, prefix_len=prefix, suffix_len=suffix)
+    table = BlockTable.for_layout(pb.layout, 128, 64)
+    kv_end = table.kv_start + table.kv_len
+    seg_of_q = table.kv_doc[torch.searchsorted(table.kv_start, table.q_start)]
+    seg_start = torch.stack([table.kv_start[table.kv_doc == d].min() for d in seg_of_q.tolist()])
+    causal = torch.arange(table.n_kv_blocks)[None, :] <= table.last_causal_kv_block()[:, None]
+    cross = kv_end[None, :] <= seg_start[:, None]
+    own_far = ~cross & (kv_end[None, :] <= table.q_start[:, None])
+    drop_cross = torch.from_numpy(rng.random((6, 1, table.n_kv_blocks)) < 0.4)
+    drop_own = torch.from_numpy(rng.random((6, table.n_query_blocks, table.n_kv_blocks)) < 0.3)
+    drop_own[0::2] = False
+    mask = causal[None] & ~(drop_cross & cross[None]) & ~(drop_own & own_far[None])
+    lists = block_lists_from_mask(mask, table)
+    L = pb.layout.seq_len
+    q, k, v = torch.randn(6, L, 32), torch.randn(2, L, 32), torch.randn(2, L, 32)
+    ref, ref_lse = block_sparse_attention(q, k, v, lists, 0.2, return_lse=True)
+    out, lse = gathered_attention(q, k, v, lists, 0.2, return_lse=True)
+    assert torch.allclose(out, ref, atol=3e-6) and torch.allclose(lse, ref_lse, atol=2e-5)
+
+
 def test_auto_is_gather_on_cpu():
     assert get_backend("auto", torch.device("cpu")).name == "gather"
     assert get_backend("reference", torch.device("cpu")).name == "reference"
