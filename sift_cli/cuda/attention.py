@@ -34,6 +34,7 @@ SPLIT_MAX = 8  # a long row is cut into at most this many parts (split-KV) ...
 SPLIT_MIN_BLOCKS = 16  # ... of at least this many blocks each
 MAX_SMEM = 227 * 1024  # dynamic shared memory a Hopper CTA can have
 SM_SMEM = 228 * 1024  # shared memory of one SM, 1 KiB of it reserved per resident CTA
+TILE_SLOTS = 3  # tiles whose lists the kernel's scheduler stages ahead (kernel macro TILE_SLOTS)
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,12 @@ def persistent_ctas(cfg: KernelConfig, list_cap: int, device: torch.device, extr
     return sm_count(device) * max(1, min(2, resident_ctas(func, cfg.threads, smem)))
 
 
-def attention_smem_bytes(cfg: KernelConfig, list_cap: int) -> int:
+def attention_smem_bytes(cfg: KernelConfig, list_cap: int, tile_slots: int = TILE_SLOTS) -> int:
     q = 2 * cfg.block_m * cfg.head_dim * 2  # two Q buffers
     kv = 2 * cfg.stages * cfg.block_n * cfg.head_dim * 2
-    barriers = 8 * (8 + 4 * cfg.stages)
-    tile_slots = 16 + 2 * 32 + 16  # alignment, two tile slots, the split-KV flag
-    return 1024 + q + kv + barriers + tile_slots + 2 * 4 * list_cap  # two staged lists of packed 4-byte entries
+    barriers = 8 * (4 + 4 * cfg.stages + 2 * tile_slots)
+    slots = 16 + tile_slots * 32 + 16  # alignment, the tile slots, the split-KV flag
+    return 1024 + q + kv + barriers + slots + tile_slots * 4 * list_cap  # staged lists of packed 4-byte entries
 
 
 def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extra: dict | None = None
@@ -106,7 +107,7 @@ def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extr
     defines = (("HEAD_DIM", cfg.head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages),
                ("PAIR", int(cfg.pair)), ("BLOCK_M", cfg.block_m))
     defines += tuple(sorted((extra or {}).items()))
-    smem = attention_smem_bytes(cfg, list_cap)
+    smem = attention_smem_bytes(cfg, list_cap, int(dict(defines).get("TILE_SLOTS", TILE_SLOTS)))
     if smem > MAX_SMEM:
         raise SiftError(f"the prompt's {list_cap} KV blocks need {smem} bytes of shared memory, more than the GPU "
                         "has; use KV blocks of 128 (--block-n 128) for prompts this long")

@@ -52,7 +52,7 @@ def test_decode_kernel_compiles(tmp_path):
 
 
 def test_shared_memory_fits_hopper():
-    """Every configuration fits with the lists of a 128K-token prompt staged (one entry per KV block, two slots),
+    """Every configuration fits with the lists of a 128K-token prompt staged (one entry per KV block, three slots),
     and 64-row query blocks over the default 64-key table leave room for two CTAs per SM up to 64K tokens."""
     for d in (64, 128):
         for bn, pair in ((64, False), (64, True), (128, False)):

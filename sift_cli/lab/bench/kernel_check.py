@@ -25,7 +25,8 @@ from ...block_lists import decode_layer
 from ...block_table import BlockTable
 from ...cuda.attention import paired
 from ...cuda.checks import attention_case, awkward_layouts, decode_case, random_block_lists, random_case_bits
-from .attention_kernels import block_lists_flops, markdown, model_layout_inputs, run_kernel_bench, sift_fn, time_ms
+from .attention_kernels import (DOC_LENGTHS, block_lists_flops, document_case, markdown, model_layout_inputs,
+                                run_kernel_bench, sift_fn, time_ms)
 
 _LOG = []
 
@@ -115,17 +116,20 @@ def decode_sweep() -> list[dict]:
 
 
 def variant_timings(log=log) -> list[dict]:
-    """Time kernel variants (pipeline knobs, 64-row query blocks) at L = 16K, dense and 10% blocks: what each
-    stage costs. Each variant is (query block rows, options); a 64-row table draws its own random lists, so
-    compare TFLOP/s (per computed cell), not ms."""
+    """Time kernel variants (pipeline knobs, 64-row query blocks, the cross-tile overlap) at L = 16K on causal
+    layouts (dense and 10% blocks) and a document layout: what each stage costs. Each variant is (query block rows,
+    options); a 64-row table has its own lists, so compare TFLOP/s (per computed cell), not ms."""
     rows = []
     L = 16384
     for H, hkv, D in ((32, 8, 128), (9, 3, 64)):
         q, k, v = model_layout_inputs(H, hkv, L, D)
         for bn in (128, 64):
-            variants = {"default": (128, {}), "no split": (128, dict(split=False)),
+            variants = {"default": (128, {}), "no overlap": (128, dict(extra={"OVERLAP": 0})),
+                        "no overlap, two tile slots": (128, dict(extra={"OVERLAP": 0, "TILE_SLOTS": 2})),
+                        "no split": (128, dict(split=False)),
                         "stages 2": (128, dict(stages=2)), "stages 3": (128, dict(stages=3)),
-                        "64-row": (64, {}), "64-row no split": (64, dict(split=False))}
+                        "64-row": (64, {}), "64-row overlap on": (64, dict(extra={"OVERLAP": 1})),
+                        "64-row overlap off": (64, dict(extra={"OVERLAP": 0}))}
             if bn == 64:
                 variants["unpaired"] = (128, dict(pair=False))
                 variants["64-row other pairing"] = (64, dict(pair=not paired(bn, None, D, 64)))
@@ -135,19 +139,22 @@ def variant_timings(log=log) -> list[dict]:
                 variants["ablate softmax"] = (128, dict(extra={"ABLATE_SOFTMAX": 1}))
                 variants["ablate PV"] = (128, dict(extra={"ABLATE_PV": 1}))
             tables = {bm: BlockTable.causal(L, bm, bn, device="cuda") for bm in (128, 64)}
-            for dens in (1.0, 0.1):
-                lists = {bm: random_block_lists(t, H, dens, seed=3) for bm, t in tables.items()}
+            layouts = {f"causal {dens:.0%}": {bm: random_block_lists(t, H, dens, seed=3) for bm, t in tables.items()}
+                       for dens in (1.0, 0.1)}
+            layouts["documents"] = {bm: document_case(H, L, bn, 5, DOC_LENGTHS[(H, hkv, D)], bm)[0]
+                                    for bm in (128, 64)}
+            for layout, lists in layouts.items():
                 for name, (bm, var) in variants.items():
                     blocks = lists[bm]
                     flops = block_lists_flops(blocks, D)
                     try:
                         ms = time_ms(sift_fn(q, k, v, blocks, 1 / math.sqrt(D), **var))
-                        rows.append(dict(H=H, D=D, block_m=bm, block_n=bn, density=dens, variant=name, ms=ms,
+                        rows.append(dict(H=H, D=D, block_m=bm, block_n=bn, layout=layout, variant=name, ms=ms,
                                          tflops=flops / ms / 1e9))
-                        log(f"variant H={H} D={D} bn={bn} dens={dens} {name}: {ms:.3f} ms "
-                            f"{flops / ms / 1e9:.0f} TFLOP/s")
+                        log(f"variant H={H} D={D} bn={bn} {layout} {name}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s")
                     except Exception as exc:
-                        rows.append(dict(H=H, D=D, block_m=bm, block_n=bn, variant=name, error=str(exc)[:200]))
+                        rows.append(dict(H=H, D=D, block_m=bm, block_n=bn, layout=layout, variant=name,
+                                         error=str(exc)[:200]))
                         log(f"variant {name} failed: {exc}")
         del q, k, v
     return rows
