@@ -106,8 +106,11 @@ def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extr
     """(CUfunction, dynamic shared memory bytes) for one configuration, compiled once per process."""
     defines = (("HEAD_DIM", cfg.head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages),
                ("PAIR", int(cfg.pair)), ("BLOCK_M", cfg.block_m))
-    defines += tuple(sorted((extra or {}).items()))
-    smem = attention_smem_bytes(cfg, list_cap, int(dict(defines).get("TILE_SLOTS", TILE_SLOTS)))
+    extra = dict(extra or {})
+    if "TILE_SLOTS" not in extra and attention_smem_bytes(cfg, list_cap) > MAX_SMEM:
+        extra["TILE_SLOTS"] = 2  # a prompt this long stages one tile fewer ahead rather than fail
+    defines += tuple(sorted(extra.items()))
+    smem = attention_smem_bytes(cfg, list_cap, extra.get("TILE_SLOTS", TILE_SLOTS))
     if smem > MAX_SMEM:
         raise SiftError(f"the prompt's {list_cap} KV blocks need {smem} bytes of shared memory, more than the GPU "
                         "has; use KV blocks of 128 (--block-n 128) for prompts this long")

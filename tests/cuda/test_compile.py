@@ -62,6 +62,10 @@ def test_shared_memory_fits_hopper():
         cfg = cuda_attention.kernel_config(d, 64, block_m=64)
         smem = cuda_attention.attention_smem_bytes(cfg, 65536 // 64 + 256)
         assert 2 * (smem + 1024) <= cuda_attention.SM_SMEM, (cfg, smem)
+    # a 200K-token prompt: a paired 128-row table at D 128 falls back to two tile slots (attention_function)
+    cfg = cuda_attention.kernel_config(128, 64)
+    assert cuda_attention.attention_smem_bytes(cfg, 204800 // 64 + 256) > cuda_attention.MAX_SMEM
+    assert cuda_attention.attention_smem_bytes(cfg, 204800 // 64 + 256, tile_slots=2) <= cuda_attention.MAX_SMEM
 
 
 def test_default_pairing():
