@@ -1,0 +1,105 @@
+"""The attention kernel of another commit beside the current one, in one process: same inputs, same lists,
+interleaved timings; what a kernel change gained, free of the ±4 % that separates two device loans.
+
+    git show REV:kernels/sparse_attn_fwd.cu > before.cu
+    python experiments/kernel_before_after.py --before before.cu [--before-slots 2] [--tokens 16384] --out ab.json
+
+`--before-slots` is the number of tile slots the older source stages (its shared-memory size depends on it; 2
+before commit 8bc20dd). Each case also times the current kernel with `OVERLAP` flipped, and reports the largest
+difference between the outputs (the kernels compute the same function, so it should be 0 or bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+
+import torch
+
+from sift_cli.block_lists import computed_cells
+from sift_cli.block_table import BlockTable
+from sift_cli.cuda import attention as cuda_attention
+from sift_cli.cuda import runtime
+from sift_cli.cuda.checks import random_block_lists
+from sift_cli.lab.bench.attention_kernels import DOC_LENGTHS, document_case, model_layout_inputs, sift_fn, time_ms
+
+BEFORE = "BEFORE_SOURCE"  # a define that selects the other source (never reaches the compiler's meaning)
+
+
+def use_before_source(text: str) -> None:
+    """Compile `text` instead of kernels/sparse_attn_fwd.cu for every configuration whose defines carry BEFORE."""
+    current = cuda_attention.compiled_module
+
+    def compiled(name, defines, device_index):
+        if not dict(defines).get(BEFORE):
+            return current(name, defines, device_index)
+        key = (BEFORE, defines, device_index)
+        if key not in runtime._MODULES:
+            cp = runtime._cupy()
+            options = ("-arch=sm_90a", "-std=c++17") + tuple(f"-D{k}={v}" for k, v in defines)
+            with cp.cuda.Device(device_index):
+                mod = cp.RawModule(code=text, options=options)
+                mod.compile()
+            runtime._MODULES[key] = mod
+        return runtime._MODULES[key]
+
+    cuda_attention.compiled_module = compiled
+
+
+def layouts(H: int, H_kv: int, D: int, L: int, block_n: int, block_m: int) -> dict:
+    table = BlockTable.causal(L, block_m, block_n, device="cuda")
+    return {"causal 100%": random_block_lists(table, H, 1.0, seed=3),
+            "causal 10%": random_block_lists(table, H, 0.1, seed=3),
+            "documents": document_case(H, L, block_n, 5, DOC_LENGTHS[(H, H_kv, D)], block_m)[0]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", required=True, help="the older kernels/sparse_attn_fwd.cu")
+    ap.add_argument("--before-slots", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="kernel_before_after.json")
+    args = ap.parse_args(argv)
+    with open(args.before) as f:
+        use_before_source(f.read())
+    rows = []
+    for H, H_kv, D in ((32, 8, 128), (9, 3, 64)):
+        q, k, v = model_layout_inputs(H, H_kv, args.tokens, D)
+        for block_n in (64, 128):
+            for block_m in (128, 64):
+                cfg = cuda_attention.kernel_config(D, block_n, block_m=block_m)
+                overlap = int(block_m == 128 or cfg.block_n == 64)  # the kernel's default (OVERLAP)
+                for name, blocks in layouts(H, H_kv, D, args.tokens, block_n, block_m).items():
+                    scale = 1 / math.sqrt(D)
+                    fns = {"after": sift_fn(q, k, v, blocks, scale),
+                           "after, overlap flipped": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 1 - overlap}),
+                           "before": sift_fn(q, k, v, blocks, scale,
+                                             extra={BEFORE: 1, "TILE_SLOTS": args.before_slots})}
+                    outs = {n: fn().float() for n, fn in fns.items()}
+                    diff = max(float((o - outs["before"]).abs().max()) for o in outs.values())
+                    times = {n: [] for n in fns}
+                    for _ in range(args.rounds):
+                        for n, fn in fns.items():
+                            times[n].append(time_ms(fn))
+                    ms = {n: statistics.median(t) for n, t in times.items()}
+                    flops = computed_cells(blocks) * 4 * D
+                    row = dict(H=H, H_kv=H_kv, D=D, block_n=block_n, block_m=block_m, layout=name,
+                               overlap=overlap, ms=ms, tflops={n: flops / t / 1e9 for n, t in ms.items()},
+                               speedup=ms["before"] / ms["after"], max_diff=diff)
+                    rows.append(row)
+                    print(f"{H}/{H_kv}/{D} KV {block_n} rows {block_m} overlap {overlap} {name:12s} "
+                          f"before {ms['before']:.3f} after {ms['after']:.3f} ms ({row['speedup']:.3f}x; "
+                          f"overlap flipped {ms['before'] / ms['after, overlap flipped']:.3f}x) diff {diff:.1e}",
+                          flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
