@@ -137,6 +137,22 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar
 __device__ __forceinline__ void prefetch_tma_desc(const TmaDesc* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
 }
+
+// The loader's half of one pipeline step, for K or for V: wait until the ring slot is free, then load the step's
+// keys into it through TMA (with PAIR, the block at key k0 into the tile's first half, the one at k1 into its
+// second half; without, k1 is unused).
+__device__ __forceinline__ void load_kv_step(u32 dst, const TmaDesc* map, u32 empty, u32 full, u32 phase, int k0,
+                                             int k1, int head) {
+  mbar_wait(empty, phase ^ 1);
+  mbar_expect_tx(full, KV_BYTES);
+#pragma unroll
+  for (int c = 0; c < HEAD_DIM / 64; ++c) {
+    tma_load_3d(dst + c * CHUNK_KV, map, full, c * 64, k0, head);
+#if PAIR
+    tma_load_3d(dst + c * CHUNK_KV + KEY_BLOCK * 128, map, full, c * 64, k1, head);
+#endif
+  }
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -775,31 +791,13 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
           ++q_uses;
           const int hk = ti.h / group;
           const int* lst = lists + slot * list_cap;
+#pragma unroll 1
           for (int i = 0; i < ti.n; i += PER_STEP) {
             const int k0 = entry_start(lst[i]);
-#if PAIR
-            const int k1 = (i + 1 < ti.n) ? entry_start(lst[i + 1]) : k0;  // a lone last block fills both halves
-#endif
-            mbar_wait(EMPTY_K(stage), phase ^ 1);
-            mbar_expect_tx(FULL_K(stage), KV_BYTES);
-#pragma unroll
-            for (int c = 0; c < HEAD_DIM / 64; ++c) {
-              tma_load_3d(sK + stage * KV_BYTES + c * CHUNK_KV, &tmap_k, FULL_K(stage), c * 64, k0, hk);
-#if PAIR
-              tma_load_3d(sK + stage * KV_BYTES + c * CHUNK_KV + KEY_BLOCK * 128, &tmap_k, FULL_K(stage), c * 64, k1,
-                          hk);
-#endif
-            }
-            mbar_wait(EMPTY_V(stage), phase ^ 1);
-            mbar_expect_tx(FULL_V(stage), KV_BYTES);
-#pragma unroll
-            for (int c = 0; c < HEAD_DIM / 64; ++c) {
-              tma_load_3d(sV + stage * KV_BYTES + c * CHUNK_KV, &tmap_v, FULL_V(stage), c * 64, k0, hk);
-#if PAIR
-              tma_load_3d(sV + stage * KV_BYTES + c * CHUNK_KV + KEY_BLOCK * 128, &tmap_v, FULL_V(stage), c * 64, k1,
-                          hk);
-#endif
-            }
+            // with PAIR, the step's second block (a lone last block fills both halves)
+            const int k1 = (PAIR && i + 1 < ti.n) ? entry_start(lst[i + 1]) : k0;
+            load_kv_step(sK + stage * KV_BYTES, &tmap_k, EMPTY_K(stage), FULL_K(stage), phase, k0, k1, hk);
+            load_kv_step(sV + stage * KV_BYTES, &tmap_v, EMPTY_V(stage), FULL_V(stage), phase, k0, k1, hk);
             if (++stage == STAGES) {
               stage = 0;
               phase ^= 1;
