@@ -467,6 +467,26 @@ __device__ __forceinline__ StepKeys step_keys(const int* lst, int j, int n) {
   return k;
 }
 
+// The GEMMs of one turn: S = Q K^T into s from ring slot kstage, O *= corr, then O += P V from ring slot vstage
+// (the previous step's), each once its tiles have landed; the warpgroup takes its pingpong turn before issuing.
+__device__ __forceinline__ void issue_turn(float* s, float* o, u32* p, float corr_a, float corr_b, u32 q_base,
+                                           u32 sK, u32 sV, u32 sBar, int kstage, u32 kphase, int vstage, u32 vphase,
+                                           int cw) {
+  mbar_wait(FULL_K(kstage), kphase);
+  sched_wait(cw);
+  fence_regs<BLOCK_N / 2>(s);
+  wgmma_fence();
+  issue_qk(s, q_base, sK + kstage * KV_BYTES);
+  wgmma_commit();
+  rescale_o(o, corr_a, corr_b);
+  mbar_wait(FULL_V(vstage), vphase);
+  fence_regs<HEAD_DIM / 2>(o);
+  fence_regs_u<BLOCK_N / 4>(p);
+  wgmma_fence();
+  issue_pv(o, p, sV + vstage * KV_BYTES);
+  wgmma_commit();
+}
+
 // One pipelined step j >= 1 of a consumer warpgroup (the FA3 order):
 //   issue S_j = Q K_j^T;  O *= corr_{j-1};  issue O += P_{j-1} V_{j-1};  wait for S_j;  softmax(S_j) -> corr_j and
 //   P_j (converted into a staging set, since the registers of P_{j-1} are still being read by the P V wgmma);
@@ -488,19 +508,7 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
     nstage = 0;
     nphase ^= 1;
   }
-  mbar_wait(FULL_K(nstage), nphase);
-  sched_wait(cw);
-  fence_regs<BLOCK_N / 2>(s);
-  wgmma_fence();
-  issue_qk(s, q_base, sK + nstage * KV_BYTES);
-  wgmma_commit();
-  rescale_o(o, corr_a, corr_b);
-  mbar_wait(FULL_V(stage), phase);
-  fence_regs<HEAD_DIM / 2>(o);
-  fence_regs_u<BLOCK_N / 4>(p);
-  wgmma_fence();
-  issue_pv(o, p, sV + stage * KV_BYTES);
-  wgmma_commit();
+  issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw);
   // Warpgroup 1 skips its last hand-over of a tile unless the next tile's first step follows in turn (pass_last):
   // otherwise nobody would wait for it (a tile that starts afresh opens with warpgroup 1's hand-over).
   if (cw == 0 || j + 1 < n || pass_last) sched_pass(cw);
@@ -910,19 +918,8 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
           nstage = 0;
           nphase ^= 1;
         }
-        mbar_wait(FULL_K(nstage), nphase);
-        sched_wait(cw);
-        fence_regs<BLOCK_N / 2>(s);
-        wgmma_fence();
-        issue_qk(s, sQ + qb * Q_BYTES + cw * 64 * 128, sK + nstage * KV_BYTES);
-        wgmma_commit();
-        rescale_o(o, corr_a, corr_b);
-        mbar_wait(FULL_V(stage), phase);
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs_u<BLOCK_N / 4>(p);
-        wgmma_fence();
-        issue_pv(o, p, sV + stage * KV_BYTES);
-        wgmma_commit();
+        issue_turn(s, o, p, corr_a, corr_b, sQ + qb * Q_BYTES + cw * 64 * 128, sK, sV, sBar, nstage, nphase, stage,
+                   phase, cw);
         sched_pass(cw);  // the next tile has a second step: its turn follows
         wgmma_wait<1>();
         fence_regs<BLOCK_N / 2>(s);
