@@ -467,8 +467,20 @@ __device__ __forceinline__ StepKeys step_keys(const int* lst, int j, int n) {
   return k;
 }
 
-// The GEMMs of one turn: S = Q K^T into s from ring slot kstage, O *= corr, then O += P V from ring slot vstage
-// (the previous step's), each once its tiles have landed; the warpgroup takes its pingpong turn before issuing.
+// O *= corr, then O += P V from ring slot vstage once its V tile has landed (issued, not waited for).
+__device__ __forceinline__ void issue_pv_step(float* o, u32* p, float corr_a, float corr_b, u32 sV, u32 sBar,
+                                              int vstage, u32 vphase) {
+  rescale_o(o, corr_a, corr_b);
+  mbar_wait(FULL_V(vstage), vphase);
+  fence_regs<HEAD_DIM / 2>(o);
+  fence_regs_u<BLOCK_N / 4>(p);
+  wgmma_fence();
+  issue_pv(o, p, sV + vstage * KV_BYTES);
+  wgmma_commit();
+}
+
+// The GEMMs of one turn: S = Q K^T into s from ring slot kstage, then the previous step's P V from slot vstage,
+// each once its tiles have landed; the warpgroup takes its pingpong turn before issuing.
 __device__ __forceinline__ void issue_turn(float* s, float* o, u32* p, float corr_a, float corr_b, u32 q_base,
                                            u32 sK, u32 sV, u32 sBar, int kstage, u32 kphase, int vstage, u32 vphase,
                                            int cw) {
@@ -478,13 +490,7 @@ __device__ __forceinline__ void issue_turn(float* s, float* o, u32* p, float cor
   wgmma_fence();
   issue_qk(s, q_base, sK + kstage * KV_BYTES);
   wgmma_commit();
-  rescale_o(o, corr_a, corr_b);
-  mbar_wait(FULL_V(vstage), vphase);
-  fence_regs<HEAD_DIM / 2>(o);
-  fence_regs_u<BLOCK_N / 4>(p);
-  wgmma_fence();
-  issue_pv(o, p, sV + vstage * KV_BYTES);
-  wgmma_commit();
+  issue_pv_step(o, p, corr_a, corr_b, sV, sBar, vstage, vphase);
 }
 
 // One pipelined step j >= 1 of a consumer warpgroup (the FA3 order):
@@ -932,13 +938,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         mbar_arrive(EMPTY_V(stage));
         keys = step_keys(nlst, 1, nxt.n);
       } else if (n_steps > 0) {  // the last block's P V
-        rescale_o(o, corr_a, corr_b);
-        mbar_wait(FULL_V(stage), phase);
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs_u<BLOCK_N / 4>(p);
-        wgmma_fence();
-        issue_pv(o, p, sV + stage * KV_BYTES);
-        wgmma_commit();
+        issue_pv_step(o, p, corr_a, corr_b, sV, sBar, stage, phase);
         wgmma_wait<0>();
         fence_regs<HEAD_DIM / 2>(o);
         mbar_arrive(EMPTY_V(stage));
