@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from .cache import cache_dir
 from .corpus import Document
 from .errors import SiftError
+from .timing import add_time
 
 try:
     import fcntl
@@ -274,17 +274,6 @@ def _gguf_cached_dir(gguf: Path, sha: str, convert=None) -> Path:
     return target
 
 
-@contextlib.contextmanager
-def _phase(phases: dict | None, name: str):
-    """Add the block's wall time to phases[name] (when phases is a dict)."""
-    t = time.perf_counter()
-    try:
-        yield
-    finally:
-        if phases is not None:
-            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
-
-
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None,
                trust_remote_code: bool = False, online: bool = False,
                attn_implementation: str = "sdpa", phases: dict | None = None) -> LoadedModel:
@@ -292,7 +281,7 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
 
     phases: a dict to add the seconds of each step to (import_transformers, weights_hash, gguf_cache, tokenizer,
     model, cuda_context, to_device), for a worker's start-up report."""
-    with _phase(phases, "import_transformers"):
+    with add_time(phases, "import_transformers"):
         _quiet_transformers()
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -308,9 +297,9 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         gguf, name = None, spec
 
     if gguf is not None:
-        with _phase(phases, "weights_hash"):
+        with add_time(phases, "weights_hash"):
             sha = gguf_sha256(gguf)
-        with _phase(phases, "gguf_cache"):  # converting, or waiting for the process that converts
+        with add_time(phases, "gguf_cache"):  # converting, or waiting for the process that converts
             path = _gguf_cached_dir(gguf, sha)
         fingerprint, source = "sha256:" + sha, str(gguf)
     else:
@@ -325,9 +314,9 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
             path, fingerprint, source = spec, "hub:" + spec, spec
     kwargs = dict(trust_remote_code=trust_remote_code, local_files_only=not online)
     try:
-        with _phase(phases, "tokenizer"):
+        with add_time(phases, "tokenizer"):
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        with _phase(phases, "model"):
+        with add_time(phases, "model"):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attn_implementation,
                                                          **kwargs)
     except (OSError, ValueError) as exc:
@@ -338,10 +327,10 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
     if fingerprint.startswith("hub:"):
         fingerprint = "hub:" + spec + "@" + str(getattr(model.config, "_commit_hash", None) or "local-cache")
     if dev.type == "cuda":
-        with _phase(phases, "cuda_context"):  # the CUDA context, apart from the weights' copy
+        with add_time(phases, "cuda_context"):  # the CUDA context, apart from the weights' copy
             torch.empty(1, device=dev)
             torch.cuda.synchronize(dev)
-    with _phase(phases, "to_device"):
+    with add_time(phases, "to_device"):
         model.to(dev).eval()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)

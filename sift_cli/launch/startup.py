@@ -20,9 +20,10 @@ Whatever the job itself reads and tokenises afterwards is in the job report's `p
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
+
+from ..timing import add_time
 
 _ORIGIN = time.perf_counter()  # when this module was first imported in this process
 _marks: list[tuple[str, float]] = []  # (phase, perf_counter at its end) of the imports after _ORIGIN
@@ -73,13 +74,9 @@ class StartupClock:
             self.origin = _ORIGIN - (_AGE_AT_IMPORT or 0.0)
             self.since = "process start" if _AGE_AT_IMPORT is not None else "sift_cli.launch.startup import"
 
-    @contextlib.contextmanager
     def phase(self, name: str):
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t
+        """`with clock.phase(name):` adds the block's time to that phase."""
+        return add_time(self.phases, name)
 
     def finish(self) -> dict:
         """{seconds, since, phases}: the total from the origin to now and its phases; what no phase covers is
