@@ -105,18 +105,22 @@ def profile(
 def _print_skipped(report, limit: int = 10) -> None:
     """The documents not profiled and the files that are not documents, each with its reason."""
     if report.skipped:
-        out.print(f"  [yellow]skipped {len(report.skipped)} documents[/] (not profiled; `sift ids {report.out}` "
-                  f"lists them with the reason; --strict stops instead):")
-        for s in report.skipped[:limit]:
-            out.print(escape(f"    {s['origin']}: {s['reason']}"))
-        if len(report.skipped) > limit:
-            out.print(f"    ... {len(report.skipped) - limit} more (--json lists {min(100, len(report.skipped))})")
+        _print_listed(f"[yellow]skipped {len(report.skipped)} documents[/] (not profiled; `sift ids {report.out}` "
+                      "lists them with the reason; --strict stops instead):",
+                      [f"{s['origin']}: {s['reason']}" for s in report.skipped], limit,
+                      f" (--json lists {min(100, len(report.skipped))})")
     if report.ignored_files:
-        out.print(f"  [yellow]ignored {len(report.ignored_files)} files[/] that are not documents:")
-        for line in report.ignored_files[:limit]:
-            out.print(escape(f"    {line}"))
-        if len(report.ignored_files) > limit:
-            out.print(f"    ... {len(report.ignored_files) - limit} more")
+        _print_listed(f"[yellow]ignored {len(report.ignored_files)} files[/] that are not documents:",
+                      report.ignored_files, limit)
+
+
+def _print_listed(head: str, lines: list[str], limit: int, more: str = "") -> None:
+    """A heading, then the first `limit` lines (escaped: they quote file names and reasons) and how many more."""
+    out.print(f"  {head}")
+    for line in lines[:limit]:
+        out.print(escape(f"    {line}"))
+    if len(lines) > limit:
+        out.print(f"    ... {len(lines) - limit} more{more}")
 
 
 def _startup_line(startup: dict) -> str:
