@@ -84,8 +84,9 @@
 // OVERLAP: a consumer warpgroup issues the next tile's first Q K^T together with this tile's last P V and runs its
 // softmax while that P V is in flight, then stores this tile (instead of a bubble of one Q K^T and one softmax per
 // tile). Taken when both tiles have at least two pipeline steps. On where it measured no slower (H200, 16K tokens,
-// against the kernel without it in one process: 128-row tiles 1.00-1.09x on sparse layouts and 0.97-1.05x dense;
-// 64-row tiles with 64-key steps 1.01-1.02x); 64-row tiles with 128-key steps keep the plain order (0.94-1.09x).
+// against the kernel without it in one process, two runs: 128-row tiles 0.99-1.09x on sparse layouts and
+// 0.97-1.07x dense; 64-row tiles with 64-key steps 0.99-1.05x); 64-row tiles with 128-key steps keep the plain
+// order (0.93-1.09x with it).
 #ifndef OVERLAP
 #define OVERLAP (BLOCK_M == 128 || BLOCK_N == 64)
 #endif
