@@ -48,7 +48,8 @@ def test_query_block_rows_follow_the_backend_unless_set():
     assert for_backend(PrefillOptions(), CudaBackend(), 64, 65536).block_m == 64
     assert for_backend(PrefillOptions(), CudaBackend(), 128, 32768).block_m == 64
     assert for_backend(PrefillOptions(), CudaBackend(), 128, 65536).block_m == 128
-    assert for_backend(PrefillOptions(), GatherBackend(), 64, 4096).block_m == 128
+    assert for_backend(PrefillOptions(), GatherBackend(), 64, 4096).block_m == 512
+    assert for_backend(PrefillOptions(), ReferenceBackend(), 64, 4096).block_m == 128
     assert for_backend(PrefillOptions(block_m=128), CudaBackend(), 64, 4096).block_m == 128
 
 

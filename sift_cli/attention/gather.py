@@ -150,8 +150,9 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     split = _split(blocks.offsets.tolist(), blocks.indices[: blocks.computed_blocks()].tolist(), kv_start, kv_len,
                    q_start, q_len, run_start, H)
     starts, lens = table.kv_start.cpu().numpy().astype(np.int64), table.kv_len.cpu().numpy().astype(np.int64)
-    o_all = torch.empty(H, L, v.shape[-1], dtype=compute_dtype, device=q.device)  # merged so far, per row
-    l_all = torch.empty(H, L, dtype=compute_dtype, device=q.device)
+    # merged so far, per row: straight in the outputs when they have the compute dtype (fp32 on a CPU)
+    o_all = out if out.dtype == compute_dtype else torch.empty_like(out, dtype=compute_dtype)
+    l_all = lse if lse.dtype == compute_dtype else torch.empty_like(lse, dtype=compute_dtype)
 
     def keys_of(kbs) -> torch.Tensor:  # the keys of blocks kbs, in order
         b = np.asarray(kbs, dtype=np.int64)
@@ -220,8 +221,10 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     for (r0, r1, cross, g), hs in runs.items():
         o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1] = _merge(*shared(hs, g, r0, r1, cross),
                                                                 o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1])
-    out.copy_(o_all)
-    lse.copy_(l_all)
+    if o_all is not out:
+        out.copy_(o_all)
+    if l_all is not lse:
+        lse.copy_(l_all)
     return (out, lse) if return_lse else out
 
 
@@ -229,9 +232,17 @@ class GatherBackend:
     """Per query block, attention over the gathered keys of its listed blocks: cost follows the listed blocks."""
 
     name = "gather"
+    QUERY_ROWS = 512
 
     def __init__(self, compute_dtype: torch.dtype = torch.float32):
         self.compute_dtype = compute_dtype
+
+    def query_block_rows(self, head_dim: int, seq_len: int) -> int:
+        """512 rows (measured on the demo's prompts, docs/benchmarks.md): the CPU flash op costs less per cell on
+        long query runs, and every query block adds python and indexing work, so 512-row blocks ran the demo's
+        layers as fast as SDPA's causal kernel over every cell, where 128-row blocks were 10 % slower; the union
+        of their tile rows computes about 1 % more cells (a document's LA tiles are nearly all set)."""
+        return self.QUERY_ROWS
 
     def forward(self, q, k, v, blocks, scale, return_lse=False):
         return gathered_attention(q, k, v, blocks, scale, return_lse, self.compute_dtype)
