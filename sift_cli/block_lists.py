@@ -34,30 +34,41 @@ def _unpack_bits(data: torch.Tensor, nbits: int) -> torch.Tensor:
     return bits.reshape(*data.shape[:-1], -1)[..., :nbits].bool()
 
 
-def doc_la_tiles(bits: PromptBits, d: int, layer: int) -> torch.Tensor:
-    """bool [H, P, P] LA tiles of doc d at one layer (upper triangle False; every tile of a dense document)."""
-    H = bits.n_heads
+def _la_tiles(bits: PromptBits, d: int, layers: range) -> torch.Tensor:
+    """bool [Y, H, P, P] LA tiles of doc d at consecutive layers (upper triangle False; every tile of a dense
+    document)."""
+    H, Y = bits.n_heads, len(layers)
     p = n_pages(int(bits.doc_len[d]), bits.tile)
     if int(bits.doc_dense[d]):
-        return torch.ones(p, p, dtype=torch.bool, device=bits.la.device).tril().expand(H, p, p).clone()
+        return torch.ones(p, p, dtype=torch.bool, device=bits.la.device).tril().expand(Y, H, p, p).clone()
     lb = int(bits.la_len[d])
-    start = int(bits.la_base[d]) + layer * H * lb
-    flat = _unpack_bits(bits.la[start: start + H * lb].view(H, lb), n_tiles(p))
+    start = int(bits.la_base[d]) + layers.start * H * lb  # a doc's vectors are stored layer by layer, head by head
+    flat = _unpack_bits(bits.la[start: start + Y * H * lb].view(Y, H, lb), n_tiles(p))
     rows, cols = torch.tril_indices(p, p, device=flat.device)
-    tiles = torch.zeros(H, p, p, dtype=torch.bool, device=flat.device)
-    tiles[:, rows, cols] = flat
+    tiles = torch.zeros(Y, H, p, p, dtype=torch.bool, device=flat.device)
+    tiles[:, :, rows, cols] = flat
     return tiles
+
+
+def _ca_pages(bits: PromptBits, d: int, layers: range) -> torch.Tensor:
+    """bool [Y, H, P] CA pages of doc d at consecutive layers (every page of a dense document)."""
+    H, Y = bits.n_heads, len(layers)
+    p = n_pages(int(bits.doc_len[d]), bits.tile)
+    if int(bits.doc_dense[d]):
+        return torch.ones(Y, H, p, dtype=torch.bool, device=bits.la.device)
+    cb = int(bits.ca_len[d])
+    start = int(bits.ca_base[d]) + layers.start * H * cb
+    return _unpack_bits(bits.ca[start: start + Y * H * cb].view(Y, H, cb), p)
+
+
+def doc_la_tiles(bits: PromptBits, d: int, layer: int) -> torch.Tensor:
+    """bool [H, P, P] LA tiles of doc d at one layer (upper triangle False; every tile of a dense document)."""
+    return _la_tiles(bits, d, range(layer, layer + 1))[0]
 
 
 def doc_ca_pages(bits: PromptBits, d: int, layer: int) -> torch.Tensor:
     """bool [H, P] CA pages of doc d at one layer (every page of a dense document)."""
-    H = bits.n_heads
-    p = n_pages(int(bits.doc_len[d]), bits.tile)
-    if int(bits.doc_dense[d]):
-        return torch.ones(H, p, dtype=torch.bool, device=bits.la.device)
-    cb = int(bits.ca_len[d])
-    start = int(bits.ca_base[d]) + layer * H * cb
-    return _unpack_bits(bits.ca[start: start + H * cb].view(H, cb), p)
+    return _ca_pages(bits, d, range(layer, layer + 1))[0]
 
 
 def _pieces(start: int, length: int, tile: int, block_starts: torch.Tensor
@@ -76,16 +87,22 @@ def _pieces(start: int, length: int, tile: int, block_starts: torch.Tensor
 
 def block_mask_for_layer(bits: PromptBits, layer: int, table: BlockTable) -> torch.Tensor:
     """bool [H, M, N]: which blocks of `table` layer `layer` computes for every head."""
+    return block_masks(bits, range(layer, layer + 1), table)[0]
+
+
+def block_masks(bits: PromptBits, layers: range, table: BlockTable) -> torch.Tensor:
+    """bool [Y, H, M, N]: which blocks of `table` each of the consecutive `layers` computes for every head. The
+    geometry (dense rows, the prefix, which pieces of a document fall in which blocks) is worked out once for all
+    of them; only the bits differ by layer."""
     lay = bits.layout
     device = bits.la.device
     table = table.to(device)
-    H, T = bits.n_heads, bits.tile
+    H, T, Y = bits.n_heads, bits.tile, len(layers)
     M, N = table.n_query_blocks, table.n_kv_blocks
     q_first = table.q_start.long()
     q_last = q_first + table.q_len.long() - 1
     k_first = table.kv_start.long()
     k_doc = table.kv_doc.long()
-    mask = torch.zeros(H, M, N, dtype=torch.bool, device=device)
     dense_docs = bits.dense_docs()
 
     # Dense rows (prefix, suffix, dense documents): keys up to the block's last dense row.
@@ -100,35 +117,36 @@ def block_mask_for_layer(bits: PromptBits, layer: int, table: BlockTable) -> tor
                                  dense_last)
     if lay.suffix_len:
         dense_last = torch.where(q_last >= lay.docs_end, q_last, dense_last)
-    mask |= (k_first[None, :] <= dense_last[:, None])[None]
+    every_layer = k_first[None, :] <= dense_last[:, None]  # [M, N]
+    if lay.docs:
+        # Doc rows see the whole prefix (keys all precede the rows: causality holds).
+        has_doc_rows = (q_last >= lay.prefix_len) & (q_first < lay.docs_end)
+        every_layer |= has_doc_rows[:, None] & (k_doc[None, :] == -1)
+    mask = every_layer.expand(Y, H, M, N).clone()
     if not lay.docs:
         return mask
-
-    # Doc rows see the whole prefix (keys all precede the rows: causality holds).
-    has_doc_rows = (q_last >= lay.prefix_len) & (q_first < lay.docs_end)
-    mask |= (has_doc_rows[:, None] & (k_doc[None, :] == -1))[None]
 
     # CA: rows of doc d see the selected pages of docs m < d; a KV block lies in one document, so it is reached
     # from a query block iff its document precedes the block's last document and one of its pages is selected.
     doc_starts = torch.tensor([d.start for d in lay.docs], dtype=torch.int64, device=device)
     last_doc = torch.searchsorted(doc_starts, torch.clamp(q_last, max=lay.docs_end - 1), right=True) - 1
     last_doc = torch.where(has_doc_rows, last_doc, torch.full_like(last_doc, -1))
-    ca_block = torch.zeros(H, N, dtype=torch.int32, device=device)
+    ca_block = torch.zeros(Y, H, N, dtype=torch.int32, device=device)
     for d, span in enumerate(lay.docs):
         page, kb, _, _ = _pieces(span.start, span.n_tokens, T, table.kv_start)
-        ca_block.index_add_(1, kb, doc_ca_pages(bits, d, layer)[:, page].int())
+        ca_block.index_add_(2, kb, _ca_pages(bits, d, layers)[:, :, page].int())
     reach = (k_doc[None, :] >= 0) & (k_doc[None, :] < last_doc[:, None])  # [M, N]
-    mask |= (ca_block > 0)[:, None, :] & reach[None]
+    mask |= (ca_block > 0)[:, :, None, :] & reach
 
     # LA: selected tiles inside each doc, exact on the diagonal band (a dense doc's rows are dense rows).
     for d, span in enumerate(lay.docs):
         if d in dense_docs:
             continue
-        tiles = doc_la_tiles(bits, d, layer)  # [H, P, P]
+        tiles = _la_tiles(bits, d, layers)  # [Y, H, P, P]
         r_tile, r_block, _, r_last = _pieces(span.start, span.n_tokens, T, table.q_start)
         c_tile, c_block, c_first, _ = _pieces(span.start, span.n_tokens, T, table.kv_start)
         visible = r_last[:, None] >= c_first[None, :]  # [R, C]
-        pairs = tiles[:, r_tile][:, :, c_tile] & visible[None]  # [H, R, C]
+        pairs = tiles[:, :, r_tile][:, :, :, c_tile] & visible  # [Y, H, R, C]
         rows_to_qb = torch.zeros(M, r_tile.numel(), device=device)
         rows_to_qb[r_block, torch.arange(r_tile.numel(), device=device)] = 1.0
         cols_to_kb = torch.zeros(c_tile.numel(), N, device=device)
@@ -158,6 +176,20 @@ def block_lists_from_mask(mask: torch.Tensor, table: BlockTable) -> BlockLists:
 def decode_layer(bits: PromptBits, layer: int, table: BlockTable) -> BlockLists:
     """SPEC §7 CSR lists for one layer over `table`."""
     return block_lists_from_mask(block_mask_for_layer(bits, layer, table), table)
+
+
+MASK_ELEMENTS = 1 << 26  # block-mask elements decoded at once: layers go in groups that stay under it (64 MB)
+
+
+def decode_layers(bits: PromptBits, table: BlockTable, n_layers: int) -> list[BlockLists]:
+    """`decode_layer` of layers 0 .. n_layers - 1, the masks of several layers at once."""
+    per_layer = max(1, bits.n_heads * table.n_query_blocks * table.n_kv_blocks)
+    group = max(1, MASK_ELEMENTS // per_layer)
+    lists = []
+    for first in range(0, n_layers, group):
+        masks = block_masks(bits, range(first, min(n_layers, first + group)), table)
+        lists += [block_lists_from_mask(m, table) for m in masks]
+    return lists
 
 
 def dense_block_lists(table: BlockTable, n_heads: int) -> BlockLists:

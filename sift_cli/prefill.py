@@ -24,7 +24,7 @@ from .attention.backends import get_backend
 from .attention.base import BlockLists
 from .attention.cuda import CudaBackend
 from .attention.integration import SparsePlan, prepare_plan, sparse_attention
-from .block_lists import decode_layer
+from .block_lists import decode_layers
 from .block_table import BlockTable
 from .cuda.decode import CudaDecoder, DecodedLayers
 from .device_copy import to_device
@@ -97,7 +97,7 @@ def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decode
     if decoder == "cuda":
         dec = CudaDecoder(bits, table, layers=range(n_layers), work=work)
         return DecodedLayers(dec), (dec.offsets, dec.indices, dec.work)
-    return [decode_layer(bits, layer, table) for layer in range(n_layers)], None
+    return decode_layers(bits, table, n_layers), None
 
 
 _SIDE_STREAMS: dict = {}

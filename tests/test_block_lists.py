@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from sift_cli.attention.base import BlockLists
+from sift_cli import block_lists as block_lists_module
 from sift_cli.block_lists import (allowed_cells, block_mask_for_layer, cell_density, cells_over_allowed,
-                                  computed_cells, decode_layer, dense_block_lists)
+                                  computed_cells, decode_layer, decode_layers, dense_block_lists)
 from sift_cli.block_table import BlockTable
 from sift_cli.cuda.checks import awkward_layouts, random_case
 from sift_cli.bits import pack_doc
@@ -75,6 +76,20 @@ def test_decode_matches_brute_force(tile, blocks, query_blocks, dense_p):
             from_csr = BlockLists(lists.offsets, lists.indices, table)  # no cached mask
             assert (from_csr.dense_mask().numpy() == want).all()
             assert allowed_cells(pb, layer) == int(token_mask.sum())
+
+
+@pytest.mark.parametrize("group_elements", [1, 700, 1 << 26])  # one layer at a time, a few, all at once
+def test_layers_decoded_together_equal_one_at_a_time(monkeypatch, group_elements):
+    monkeypatch.setattr(block_lists_module, "MASK_ELEMENTS", group_elements)
+    rng = np.random.default_rng(group_elements)
+    for trial in range(6):
+        pb, _ = random_case(rng, 64, n_layers=5, n_heads=3, dense_p=0.3)
+        table = BlockTable.for_layout(pb.layout, 128 if trial % 2 else 64, 64)
+        together = decode_layers(pb, table, pb.n_layers)
+        assert len(together) == pb.n_layers
+        for layer, lists in enumerate(together):
+            alone = decode_layer(pb, layer, table)
+            assert torch.equal(lists.offsets, alone.offsets) and torch.equal(lists.indices, alone.indices)
 
 
 @pytest.mark.parametrize("prefix,docs,suffix", AWKWARD)
