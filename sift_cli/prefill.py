@@ -68,8 +68,8 @@ def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
 
 
 def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int) -> PrefillOptions:
-    """`opts` with an unset query block size set to the one the backend runs this prompt best with (the CUDA
-    kernel's `query_block_rows`), or 128 rows."""
+    """`opts` with an unset query block size set to the one the backend runs this prompt best with (its
+    `query_block_rows`: the CUDA kernel's 64 or 128, the gather backend's 512), or 128 rows."""
     if opts.block_m is not None:
         return opts
     rows = getattr(backend, "query_block_rows", None)
