@@ -102,8 +102,9 @@ def _split(offsets, indices, kv_start, kv_len, q_start, q_len, run_start, n_head
     out = _Split()
     for m, (r0, n_rows) in enumerate(zip(q_start, q_len)):
         r1, s0 = r0 + n_rows, run_start[m]
-        near_blocks = list(range(bisect_left(kv_start, r0), bisect_left(kv_start, r1)))  # kv_start ascends
-        n_own = bisect_left(kv_start, r1) - bisect_left(kv_start, s0)
+        near_end = bisect_left(kv_start, r1)  # kv_start ascends
+        near_blocks = list(range(bisect_left(kv_start, r0), near_end))
+        n_own = near_end - bisect_left(kv_start, s0)
         for h in range(n_heads):
             listed = indices[offsets[h][m]: offsets[h][m + 1]]
             ends = [(kv_start[kb] + kv_len[kb], kb) for kb in listed]
@@ -147,6 +148,7 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     kv_start, kv_len = table.kv_start.tolist(), table.kv_len.tolist()
     q_start, q_len = table.q_start.tolist(), table.q_len.tolist()
     run_start = _run_starts(table)
+    segments = _segments(run_start)
     split = _split(blocks.offsets.tolist(), blocks.indices[: blocks.computed_blocks()].tolist(), kv_start, kv_len,
                    q_start, q_len, run_start, H)
     starts, lens = table.kv_start.cpu().numpy().astype(np.int64), table.kv_len.cpu().numpy().astype(np.int64)
@@ -175,7 +177,7 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
 
     # Own part of a segment whose every query block lists all its own blocks: one causal call over the segment.
     whole = set()
-    for m, e in _segments(run_start):
+    for m, e in segments:
         if e - m == 1 and run_start[m] == q_start[m]:
             continue  # one block: the per-block path below does the same
         hs = [h for h in range(H) if all(split.own_full.get((h, j), False) for j in range(m, e))]
@@ -207,7 +209,7 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
                                                        torch.arange(r0, r1, device=q.device), scale)
     # Cross part: consecutive query blocks of a segment with the same cross blocks as one call over their rows.
     runs: dict[tuple, list[int]] = {}  # (first row, end row, cross blocks, KV head) → query heads
-    for m0, e0 in _segments(run_start):
+    for m0, e0 in segments:
         for h in range(H):
             m = m0
             while m < e0:
@@ -229,7 +231,8 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
 
 
 class GatherBackend:
-    """Per query block, attention over the gathered keys of its listed blocks: cost follows the listed blocks."""
+    """Attention over the gathered keys of the listed blocks, per segment where the lists allow it, else per query
+    block (`gathered_attention`): cost follows the listed blocks."""
 
     name = "gather"
     QUERY_ROWS = 512
