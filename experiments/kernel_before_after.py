@@ -5,8 +5,8 @@ interleaved timings; what a kernel change gained, free of the ±4 % that separat
     python experiments/kernel_before_after.py --before before.cu [--before-slots 2] [--tokens 16384] --out ab.json
 
 `--before-slots` is the number of tile slots the older source stages (its shared-memory size depends on it; 2
-before commit 8bc20dd). Each case also times the current kernel with `OVERLAP` flipped, and reports the largest
-difference between the outputs (the kernels compute the same function, so it should be 0 or bf16 rounding).
+before commit 8bc20dd). Each case also times the current kernel with `OVERLAP` forced on and off, and reports the
+largest difference between the outputs (the kernels compute the same function, so it should be 0 or bf16 rounding).
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import statistics
 import torch
 
 from sift_cli.block_lists import computed_cells
-from sift_cli.block_table import BlockTable
 from sift_cli.cuda import attention as cuda_attention
 from sift_cli.cuda import runtime
-from sift_cli.cuda.checks import random_block_lists
-from sift_cli.lab.bench.attention_kernels import DOC_LENGTHS, document_case, model_layout_inputs, sift_fn, time_ms
+from sift_cli.lab.bench.attention_kernels import model_layout_inputs, sift_fn, time_ms, variant_layouts
 
 BEFORE = "BEFORE_SOURCE"  # a define that selects the other source (never reaches the compiler's meaning)
 
@@ -48,13 +46,6 @@ def use_before_source(text: str) -> None:
     cuda_attention.compiled_module = compiled
 
 
-def layouts(H: int, H_kv: int, D: int, L: int, block_n: int, block_m: int) -> dict:
-    table = BlockTable.causal(L, block_m, block_n, device="cuda")
-    return {"causal 100%": random_block_lists(table, H, 1.0, seed=3),
-            "causal 10%": random_block_lists(table, H, 0.1, seed=3),
-            "documents": document_case(H, L, block_n, 5, DOC_LENGTHS[(H, H_kv, D)], block_m)[0]}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", required=True, help="the older kernels/sparse_attn_fwd.cu")
@@ -70,12 +61,11 @@ def main(argv=None) -> int:
         q, k, v = model_layout_inputs(H, H_kv, args.tokens, D)
         for block_n in (64, 128):
             for block_m in (128, 64):
-                cfg = cuda_attention.kernel_config(D, block_n, block_m=block_m)
-                overlap = int(block_m == 128 or cfg.block_n == 64)  # the kernel's default (OVERLAP)
-                for name, blocks in layouts(H, H_kv, D, args.tokens, block_n, block_m).items():
+                for name, blocks in variant_layouts(H, H_kv, D, args.tokens, block_n, block_m).items():
                     scale = 1 / math.sqrt(D)
-                    fns = {"after": sift_fn(q, k, v, blocks, scale),
-                           "after, overlap flipped": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 1 - overlap}),
+                    fns = {"after": sift_fn(q, k, v, blocks, scale),  # the kernel's own choice of OVERLAP
+                           "after, overlap on": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 1}),
+                           "after, overlap off": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 0}),
                            "before": sift_fn(q, k, v, blocks, scale,
                                              extra={BEFORE: 1, "TILE_SLOTS": args.before_slots})}
                     outs = {n: fn().float() for n, fn in fns.items()}
@@ -86,14 +76,14 @@ def main(argv=None) -> int:
                             times[n].append(time_ms(fn))
                     ms = {n: statistics.median(t) for n, t in times.items()}
                     flops = computed_cells(blocks) * 4 * D
-                    row = dict(H=H, H_kv=H_kv, D=D, block_n=block_n, block_m=block_m, layout=name,
-                               overlap=overlap, ms=ms, tflops={n: flops / t / 1e9 for n, t in ms.items()},
+                    row = dict(H=H, H_kv=H_kv, D=D, block_n=block_n, block_m=block_m, layout=name, ms=ms,
+                               tflops={n: flops / t / 1e9 for n, t in ms.items()},
                                speedup=ms["before"] / ms["after"], max_diff=diff)
                     rows.append(row)
-                    print(f"{H}/{H_kv}/{D} KV {block_n} rows {block_m} overlap {overlap} {name:12s} "
-                          f"before {ms['before']:.3f} after {ms['after']:.3f} ms ({row['speedup']:.3f}x; "
-                          f"overlap flipped {ms['before'] / ms['after, overlap flipped']:.3f}x) diff {diff:.1e}",
-                          flush=True)
+                    print(f"{H}/{H_kv}/{D} KV {block_n} rows {block_m} {name:12s} before {ms['before']:.3f} "
+                          f"after {ms['after']:.3f} ms ({row['speedup']:.3f}x; overlap on "
+                          f"{ms['before'] / ms['after, overlap on']:.3f}x, off "
+                          f"{ms['before'] / ms['after, overlap off']:.3f}x) diff {diff:.1e}", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:

@@ -179,6 +179,15 @@ def document_case(H: int, L: int, block_n: int, seed: int, lengths: tuple[int, i
     return blocks, computed_cells(blocks) / max(1, allowed_cells(bits, 0)), len(layout.docs)
 
 
+def variant_layouts(H: int, H_kv: int, D: int, L: int, block_n: int, block_m: int) -> dict[str, BlockLists]:
+    """The layouts kernel variants are timed on: causal with every block and with 10 % of them (random lists,
+    seed 3), and a document layout (`document_case`, seed 5)."""
+    table = BlockTable.causal(L, block_m, block_n, device="cuda")
+    return {"causal 100%": random_block_lists(table, H, 1.0, seed=3),
+            "causal 10%": random_block_lists(table, H, 0.1, seed=3),
+            "documents": document_case(H, L, block_n, 5, DOC_LENGTHS[(H, H_kv, D)], block_m)[0]}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Decode benchmark
 # ----------------------------------------------------------------------------------------------------------

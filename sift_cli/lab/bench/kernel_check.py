@@ -25,8 +25,8 @@ from ...block_lists import decode_layer
 from ...block_table import BlockTable
 from ...cuda.attention import paired
 from ...cuda.checks import attention_case, awkward_layouts, decode_case, random_block_lists, random_case_bits
-from .attention_kernels import (DOC_LENGTHS, block_lists_flops, document_case, markdown, model_layout_inputs,
-                                run_kernel_bench, sift_fn, time_ms)
+from .attention_kernels import (block_lists_flops, markdown, model_layout_inputs, run_kernel_bench, sift_fn,
+                                time_ms, variant_layouts)
 
 _LOG = []
 
@@ -138,14 +138,10 @@ def variant_timings(log=log) -> list[dict]:
             if bn == 128:  # stage-removed ablations (wrong results, timing only)
                 variants["ablate softmax"] = (128, dict(extra={"ABLATE_SOFTMAX": 1}))
                 variants["ablate PV"] = (128, dict(extra={"ABLATE_PV": 1}))
-            tables = {bm: BlockTable.causal(L, bm, bn, device="cuda") for bm in (128, 64)}
-            layouts = {f"causal {dens:.0%}": {bm: random_block_lists(t, H, dens, seed=3) for bm, t in tables.items()}
-                       for dens in (1.0, 0.1)}
-            layouts["documents"] = {bm: document_case(H, L, bn, 5, DOC_LENGTHS[(H, hkv, D)], bm)[0]
-                                    for bm in (128, 64)}
-            for layout, lists in layouts.items():
+            by_rows = {bm: variant_layouts(H, hkv, D, L, bn, bm) for bm in (128, 64)}
+            for layout in by_rows[128]:
                 for name, (bm, var) in variants.items():
-                    blocks = lists[bm]
+                    blocks = by_rows[bm][layout]
                     flops = block_lists_flops(blocks, D)
                     try:
                         ms = time_ms(sift_fn(q, k, v, blocks, 1 / math.sqrt(D), **var))
