@@ -193,7 +193,8 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
                 attempt(name, "essays", lambda: essay_case_records(data, essay_docs), smol)
         except Exception as exc:
             _debug_traceback()
-            rows.append({"model": "SmolLM2-135M-Instruct", "case": "NQ passages / essays", "error": error_line(exc, 300)})
+            rows.append({"model": "SmolLM2-135M-Instruct", "case": "NQ passages / essays",
+                         "error": error_line(exc, 300)})
     llama_cases = [c for c in ("8b-2k", "8b-8k") if c in cases]
     if llama_cases:
         conf = llama_config or LLAMA3_8B_CONFIG
