@@ -536,6 +536,15 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
   phase = nphase;
 }
 
+// The Q buffer of a consumer's next non-empty tile, once loaded: its rows for warpgroup cw and its empty barrier.
+__device__ __forceinline__ void take_q(u32 sQ, u32 sBar, int cw, int& q_uses, u32& q_base, u32& q_empty) {
+  const int qb = q_uses & 1;
+  q_base = sQ + qb * Q_BYTES + cw * 64 * 128;
+  q_empty = Q_EMPTY(qb);
+  mbar_wait(FULL_Q(qb), (q_uses >> 1) & 1);
+  ++q_uses;
+}
+
 // A staged tile as the consumers see it (warp-uniform values) and the slot it is staged in.
 struct TileMeta {
   int h, n, n_mask, q0, q_end, split, n_splits, row_id, slot;
@@ -856,11 +865,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         m_a = m_b = neg_inf();
         l_a = l_b = 0.f;
         if (cur.n > 0) {
-          const int qb = q_uses & 1;
-          q_base = sQ + qb * Q_BYTES + cw * 64 * 128;
-          q_empty = Q_EMPTY(qb);
-          mbar_wait(FULL_Q(qb), (q_uses >> 1) & 1);
-          ++q_uses;
+          take_q(sQ, sBar, cw, q_uses, q_base, q_empty);
           keys = step_keys(lst, 0, cur.n);
           if (cw == 1) sched_pass(cw);  // warpgroup 0 goes first
           mbar_wait(FULL_K(stage), phase);
@@ -912,21 +917,19 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
 #endif
       float nm_a = neg_inf(), nm_b = neg_inf(), nl_a = 0.f, nl_b = 0.f;  // the next tile's softmax state
       u32 p_next[BLOCK_N / 4];
-      const int qb = q_uses & 1;
       if (overlap) {
         // The next tile's first Q K^T and this tile's last P V in one turn; the next tile's first softmax (always
         // masked: harmless on a block that needs none) runs while the P V is in flight.
         const int* nlst = lists + nxt.slot * list_cap;
         const StepKeys k0 = step_keys(nlst, 0, nxt.n);
-        mbar_wait(FULL_Q(qb), (q_uses >> 1) & 1);
+        take_q(sQ, sBar, cw, q_uses, q_base, q_empty);  // this tile's last Q K^T is done: its Q is no longer read
         int nstage = stage + 1;
         u32 nphase = phase;
         if (nstage == STAGES) {
           nstage = 0;
           nphase ^= 1;
         }
-        issue_turn(s, o, p, corr_a, corr_b, sQ + qb * Q_BYTES + cw * 64 * 128, sK, sV, sBar, nstage, nphase, stage,
-                   phase, cw);
+        issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw);
         sched_pass(cw);  // the next tile has a second step: its turn follows
         wgmma_wait<1>();
         fence_regs<BLOCK_N / 2>(s);
@@ -959,9 +962,6 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         m_b = nm_b;
         l_a = nl_a;
         l_b = nl_b;
-        q_base = sQ + qb * Q_BYTES + cw * 64 * 128;
-        q_empty = Q_EMPTY(qb);
-        ++q_uses;
       }
       cur = nxt;
       ++it;
