@@ -16,10 +16,10 @@
 //   sift_decode_write  writes each row's KV block ids into indices[layer * capacity + ...] in canonical order:
 //                      first the blocks that need a mask (kv_len < block_n, or last key past the query block's
 //                      first row), then the others, each group descending (the attention kernel relies on it).
-// One CTA of 128 threads per (query block, DEC_HEADS heads, layer): the row's geometry is worked out once and
-// shared by its heads. Thread t evaluates KV blocks kb_max - t, kb_max - t - 128, ...; the write pass ranks the
-// listed ones of each 128-wide chunk with a warp ballot + shared-memory scan, so each group comes out descending
-// without sorting. No #include.
+// One CTA of 128 threads per (query block, DEC_HEADS heads, layer). Thread t takes KV blocks kb_max - t,
+// kb_max - t - 128, ...; the row's geometry and each KV block's (kv_block) are worked out once and shared by the
+// CTA's heads, which differ only in the bits they read. The write pass ranks the listed blocks of each 128-wide
+// chunk by warp ballots met in shared memory, so each group comes out descending without sorting. No #include.
 
 #define DEC_THREADS 128
 #define DEC_HEADS 8  // heads per CTA (grid y = ceil(H / DEC_HEADS))
@@ -48,7 +48,7 @@ struct RowCtx {
   int has_doc_rows;     // the block holds at least one document row
   int d_first, d_last;  // documents with rows in the block
   int kb_max;           // last KV block whose first key is <= q1
-  int layer, h;
+  int layer;
 };
 
 // Last index i < n with starts[i] <= x (starts ascending: documents, KV blocks); -1 if none.
@@ -75,7 +75,6 @@ __device__ __forceinline__ RowCtx make_ctx(const DecodeArgs& a, int m, int layer
   c.q0 = a.q_start[m];
   c.q1 = c.q0 + a.q_len[m] - 1;
   c.layer = layer;
-  c.h = 0;
   int dl = -1;
   if (a.prefix_len > 0 && c.q0 < a.prefix_len) dl = min(c.q1, a.prefix_len - 1);
   if (c.q1 >= a.docs_end) dl = c.q1;  // suffix rows (the suffix is the tail of the prompt)
@@ -97,38 +96,71 @@ __device__ __forceinline__ bool needs_mask(const DecodeArgs& a, const RowCtx& c,
   return a.kv_len[kb] < a.block_n || a.kv_start[kb] + a.block_n - 1 > c.q0;
 }
 
-// Is KV block kb listed for this row?
-__device__ bool listed(const DecodeArgs& a, const RowCtx& c, int kb) {
+// What a row's list decides about KV block kb before looking at any head's bits (see the header's rule).
+struct KvBlock {
+  int verdict;                        // 1: listed for every head, 0: for none, -1: the head's bits decide
+  int p_lo, p_hi;                     // CA pages to look at (none when p_lo > p_hi)
+  int r_lo, r_hi, c_lo, c_hi;         // LA tiles to look at (none when r_lo > r_hi)
+  int k0, s, re;                      // first key, its document's first key, the document's last row here
+  const unsigned char* ca_v;          // CA vector of head 0 in this layer; head h's is h * ca_len further
+  const unsigned char* la_v;
+  int ca_len, la_len;
+};
+
+// The head-independent part of "is KV block kb listed for this row": the block's geometry, loaded once and
+// shared by the CTA's heads.
+__device__ __forceinline__ KvBlock kv_block(const DecodeArgs& a, const RowCtx& c, int kb) {
+  KvBlock b;
+  b.verdict = 0;
+  b.p_lo = 1, b.p_hi = 0, b.r_lo = 1, b.r_hi = 0;
   const int k0 = a.kv_start[kb];
   const int k1 = k0 + a.kv_len[kb] - 1;
-  if (k0 <= c.dense_last) return true;      // prefix / suffix rows: causal dense
-  if (!c.has_doc_rows) return false;
+  if (k0 <= c.dense_last) { b.verdict = 1; return b; }  // prefix / suffix rows: causal dense
+  if (!c.has_doc_rows) return b;
   const int d = a.kv_doc[kb];
-  if (d < 0) return true;                   // doc rows see the whole prefix
-  if (d >= a.n_docs || d > c.d_last) return false;  // suffix keys, or keys of docs no row here sees
-  if (a.doc_dense[d]) return d < c.d_last;  // later docs see all of it; its own rows are dense (dense_last)
+  if (d < 0) { b.verdict = 1; return b; }               // doc rows see the whole prefix
+  if (d >= a.n_docs || d > c.d_last) return b;          // suffix keys, or keys of docs no row here sees
+  if (a.doc_dense[d]) { b.verdict = d < c.d_last; return b; }  // its own rows are dense (dense_last)
   const int T = a.tile;
-  const long long vec = (long long)c.layer * a.n_heads + c.h;  // which (layer, head) vector inside a doc blob
+  const long long vec0 = (long long)c.layer * a.n_heads;  // (layer, head 0) vector inside a doc blob
   const int s = a.doc_start[d];
-  if (d < c.d_last) {                       // CA pages of an earlier doc (rows of a later doc see them)
-    const unsigned char* v = a.ca + a.ca_base[d] + vec * a.ca_len[d];
-    for (int p = (k0 - s) / T; p <= (k1 - s) / T; ++p)
-      if (get_bit(v, p)) return true;
+  b.k0 = k0, b.s = s;
+  if (d < c.d_last) {                                   // CA pages of an earlier doc (rows of a later doc see them)
+    b.ca_len = a.ca_len[d];
+    b.ca_v = a.ca + a.ca_base[d] + vec0 * b.ca_len;
+    b.p_lo = (k0 - s) / T, b.p_hi = (k1 - s) / T;
   }
-  if (d >= c.d_first) {                     // LA tiles inside doc d
+  if (d >= c.d_first) {                                 // LA tiles inside doc d
     const int e = s + a.doc_len[d];
     const int rs = max(c.q0, s), re = min(c.q1, e - 1);  // this doc's rows inside the block
     if (rs <= re && k0 <= re) {
-      const unsigned char* v = a.la + a.la_base[d] + vec * a.la_len[d];
-      const int r_lo = (rs - s) / T, r_hi = (re - s) / T;
-      const int c_lo = (k0 - s) / T, c_hi = (k1 - s) / T;
-      for (int r = r_lo; r <= r_hi; ++r) {
-        const int max_row = min(re, s + (r + 1) * T - 1);
-        const int top = min(c_hi, r);
-        for (int cc = c_lo; cc <= top; ++cc) {
-          const int min_col = max(k0, s + cc * T);
-          if (max_row >= min_col && get_bit(v, (long long)r * (r + 1) / 2 + cc)) return true;
-        }
+      b.la_len = a.la_len[d];
+      b.la_v = a.la + a.la_base[d] + vec0 * b.la_len;
+      b.re = re;
+      b.r_lo = (rs - s) / T, b.r_hi = (re - s) / T;
+      b.c_lo = (k0 - s) / T, b.c_hi = (k1 - s) / T;
+    }
+  }
+  if (b.p_lo <= b.p_hi || b.r_lo <= b.r_hi) b.verdict = -1;
+  return b;
+}
+
+// Is the block listed for head h (of the layer kv_block was given)?
+__device__ __forceinline__ bool listed(const KvBlock& b, int h, int T) {
+  if (b.verdict >= 0) return b.verdict;
+  if (b.p_lo <= b.p_hi) {
+    const unsigned char* v = b.ca_v + (long long)h * b.ca_len;
+    for (int p = b.p_lo; p <= b.p_hi; ++p)
+      if (get_bit(v, p)) return true;
+  }
+  if (b.r_lo <= b.r_hi) {
+    const unsigned char* v = b.la_v + (long long)h * b.la_len;
+    for (int r = b.r_lo; r <= b.r_hi; ++r) {
+      const int max_row = min(b.re, b.s + (r + 1) * T - 1);
+      const int top = min(b.c_hi, r);
+      for (int cc = b.c_lo; cc <= top; ++cc) {
+        const int min_col = max(b.k0, b.s + cc * T);
+        if (max_row >= min_col && get_bit(v, (long long)r * (r + 1) / 2 + cc)) return true;
       }
     }
   }
@@ -153,25 +185,34 @@ __device__ bool listed(const DecodeArgs& a, const RowCtx& c, int kb) {
   a.n_heads = n_heads; a.block_n = block_n; a.n_qblocks = n_qblocks; a.n_kvblocks = n_kvblocks;
 
 // Pass 1. grid (M, ceil(H / DEC_HEADS), n_layers_in_launch); counts[(z * H + h) * M + m] for layer layer0 + z.
+// Each thread loads a KV block's geometry once and evaluates the bits of the CTA's heads on it.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 8)
 sift_decode_count(DECODE_PARAMS, int layer0, int* __restrict__ counts) {
   DECODE_ARGS
   const int m = blockIdx.x, z = blockIdx.z;
-  RowCtx c = make_ctx(a, m, layer0 + z);
+  const RowCtx c = make_ctx(a, m, layer0 + z);
   __shared__ int warp_sum[DEC_HEADS][DEC_THREADS / 32];
   const int h0 = blockIdx.y * DEC_HEADS;
   const int nh = min(DEC_HEADS, a.n_heads - h0);
-  for (int hh = 0; hh < nh; ++hh) {
-    c.h = h0 + hh;
-    int n = 0;
-    if (c.dense_last == c.q1) {
-      n = (threadIdx.x == 0) ? c.kb_max + 1 : 0;                 // fully dense row block
-    } else {
-      for (int kb = c.kb_max - (int)threadIdx.x; kb >= 0; kb -= DEC_THREADS) n += listed(a, c, kb) ? 1 : 0;
-    }
+  int n[DEC_HEADS];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-    if ((threadIdx.x & 31) == 0) warp_sum[hh][threadIdx.x >> 5] = n;
+  for (int hh = 0; hh < DEC_HEADS; ++hh) n[hh] = 0;
+  if (c.dense_last == c.q1) {                                  // fully dense row block
+#pragma unroll
+    for (int hh = 0; hh < DEC_HEADS; ++hh) n[hh] = (threadIdx.x == 0) ? c.kb_max + 1 : 0;
+  } else {
+    for (int kb = c.kb_max - (int)threadIdx.x; kb >= 0; kb -= DEC_THREADS) {
+      const KvBlock b = kv_block(a, c, kb);
+#pragma unroll
+      for (int hh = 0; hh < DEC_HEADS; ++hh)
+        if (hh < nh) n[hh] += listed(b, h0 + hh, a.tile) ? 1 : 0;
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < DEC_HEADS; ++hh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) n[hh] += __shfl_xor_sync(0xffffffffu, n[hh], o);
+    if ((threadIdx.x & 31) == 0) warp_sum[hh][threadIdx.x >> 5] = n[hh];
   }
   __syncthreads();
   if (threadIdx.x < nh) {
@@ -183,39 +224,50 @@ sift_decode_count(DECODE_PARAMS, int layer0, int* __restrict__ counts) {
 }
 
 // Pass 2. grid (M, ceil(H / DEC_HEADS), n_layers_in_launch); offsets [n][H][M + 1] from the scan; layer
-// layer0 + z writes its CSR index array at indices + z * capacity.
+// layer0 + z writes its CSR index array at indices + z * capacity. Each chunk of 128 KV blocks is evaluated once
+// for all the CTA's heads; each warp's ballot per head goes to shared memory, where every thread finds its place.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 8)
 sift_decode_write(DECODE_PARAMS, int layer0, const int* __restrict__ offsets, int* __restrict__ indices,
                   long long capacity) {
   DECODE_ARGS
   const int m = blockIdx.x, z = blockIdx.z;
-  RowCtx c = make_ctx(a, m, layer0 + z);
+  const RowCtx c = make_ctx(a, m, layer0 + z);
   int* out = indices + (long long)z * capacity;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  __shared__ int warp_cnt[DEC_THREADS / 32];
+  const unsigned lanes_below = (1u << lane) - 1u;
+  __shared__ unsigned warp_ballot[DEC_HEADS][DEC_THREADS / 32];
   const int h0 = blockIdx.y * DEC_HEADS;
   const int nh = min(DEC_HEADS, a.n_heads - h0);
-  for (int hh = 0; hh < nh; ++hh) {
-    c.h = h0 + hh;
-    int base = offsets[((long long)z * a.n_heads + c.h) * (a.n_qblocks + 1) + m];
-    for (int group = 0; group < 2; ++group) {                  // 0: blocks that need a mask, 1: the rest
-      for (int chunk = 0; chunk <= c.kb_max; chunk += DEC_THREADS) {
-        const int kb = c.kb_max - chunk - tid;                 // lower thread id -> larger block id
-        const bool f = (kb >= 0) && (needs_mask(a, c, kb) == (group == 0)) && listed(a, c, kb);
-        const unsigned ballot = __ballot_sync(0xffffffffu, f);
-        if (lane == 0) warp_cnt[warp] = __popc(ballot);
-        __syncthreads();
+  int base[DEC_HEADS];
+#pragma unroll
+  for (int hh = 0; hh < DEC_HEADS; ++hh)
+    base[hh] = hh < nh ? offsets[((long long)z * a.n_heads + h0 + hh) * (a.n_qblocks + 1) + m] : 0;
+  for (int group = 0; group < 2; ++group) {                    // 0: blocks that need a mask, 1: the rest
+    for (int chunk = 0; chunk <= c.kb_max; chunk += DEC_THREADS) {
+      const int kb = c.kb_max - chunk - tid;                   // lower thread id -> larger block id
+      KvBlock b;
+      b.verdict = 0;
+      if (kb >= 0 && needs_mask(a, c, kb) == (group == 0)) b = kv_block(a, c, kb);
+#pragma unroll
+      for (int hh = 0; hh < DEC_HEADS; ++hh) {
+        const unsigned ballot = __ballot_sync(0xffffffffu, hh < nh && listed(b, h0 + hh, a.tile));
+        if (lane == 0) warp_ballot[hh][warp] = ballot;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int hh = 0; hh < DEC_HEADS; ++hh) {
         int before = 0, total = 0;
 #pragma unroll
         for (int w = 0; w < DEC_THREADS / 32; ++w) {
-          const int cnt = warp_cnt[w];
+          const int cnt = __popc(warp_ballot[hh][w]);
           before += (w < warp) ? cnt : 0;
           total += cnt;
         }
-        if (f) out[base + before + __popc(ballot & ((1u << lane) - 1u))] = kb;
-        base += total;
-        __syncthreads();                                        // warp_cnt is rewritten by the next chunk
+        const unsigned ballot = warp_ballot[hh][warp];
+        if ((ballot >> lane) & 1u) out[base[hh] + before + __popc(ballot & lanes_below)] = kb;
+        base[hh] += total;
       }
+      __syncthreads();                                          // warp_ballot is rewritten by the next chunk
     }
   }
 }
