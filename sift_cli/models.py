@@ -27,6 +27,7 @@ import torch
 
 from .cache import cache_dir
 from .corpus import Document
+from .cpu_memory import keep_freed_memory
 from .errors import SiftError
 from .timing import add_time
 
@@ -287,6 +288,8 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    if dev.type == "cpu":
+        keep_freed_memory()  # a forward's intermediates reuse the heap's pages instead of faulting fresh ones
     if spec is None or spec in ("", "default", "bundled"):
         gguf, name = bundled_gguf_path(), BUNDLED_NAME
     elif spec.endswith(".gguf"):

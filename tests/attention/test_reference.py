@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sift_cli.attention.backends import get_backend
+from sift_cli.attention import gather
 from sift_cli.attention.gather import gathered_attention
 from sift_cli.attention.reference import ReferenceBackend, banded_block_sparse_attention, block_sparse_attention
 from sift_cli.block_lists import block_lists_from_mask, decode_layer, dense_block_lists
@@ -63,11 +64,15 @@ def test_gather_equals_reference_on_document_tables(prefix, docs, suffix, query_
                           atol=3e-6)
 
 
-@pytest.mark.parametrize("prefix,docs,suffix", AWKWARD)
-def test_gather_segment_calls_equal_reference(prefix, docs, suffix):
-    """Lists shaped like real ones: even heads list every own block of their segment (one causal call per segment)
+@pytest.mark.parametrize("prefix,docs,suffix", AWKWARD + [(24, [700, 300, 65], 33)])
+@pytest.mark.parametrize("chunk", [256, 64])
+def test_gather_segment_calls_equal_reference(prefix, docs, suffix, chunk, monkeypatch):
+    """Lists shaped like real ones: even heads list every own block of their segment (one causal run per segment)
     and drop KV blocks of earlier segments the same way for all of a segment's query blocks (one call over its
-    rows); odd heads also drop own blocks per query block (the per-block paths)."""
+    rows); odd heads also drop own blocks per query block (the per-block paths); head 0 drops nothing before the
+    second document and head 2 nothing at all (leading segments as one causal run). Causal runs go in chunks of
+    `chunk` rows."""
+    monkeypatch.setattr(gather, "CAUSAL_CHUNK", chunk)
     rng = np.random.default_rng(prefix + sum(docs))
     pb, _ = random_prompt(rng, 64, n_layers=1, n_heads=6, doc_lengths=docs, prefix_len=prefix, suffix_len=suffix)
     table = BlockTable.for_layout(pb.layout, 128, 64)
@@ -80,6 +85,9 @@ def test_gather_segment_calls_equal_reference(prefix, docs, suffix):
     drop_cross = torch.from_numpy(rng.random((6, 1, table.n_kv_blocks)) < 0.4)
     drop_own = torch.from_numpy(rng.random((6, table.n_query_blocks, table.n_kv_blocks)) < 0.3)
     drop_own[0::2] = False
+    second_doc = table.kv_start[table.kv_doc == 1].min() if (table.kv_doc == 1).any() else table.seq_len
+    drop_cross[0, :, table.kv_start < second_doc] = False
+    drop_cross[2] = False
     mask = causal[None] & ~(drop_cross & cross[None]) & ~(drop_own & own_far[None])
     lists = block_lists_from_mask(mask, table)
     L = pb.layout.seq_len
