@@ -36,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from sift_cli.config import GPU_DEFAULTS, ProfileConfig
 from sift_cli.corpus import CorpusFormat, load_documents
 from sift_cli.lab.bench import profile as bp
+from sift_cli.lab.bench.attention_kernels import time_ms
 from sift_cli.lab.bench.profile import essay_case_records, nq_case_records
 from sift_cli.lab.datasets import write_jsonl
 from sift_cli.lab.eval.probe import probe_forward
@@ -163,17 +164,7 @@ def bits_check(lm, data, n_nq=24, n_essays=4, fast_stats="triton"):
 
 def kernel_timing():
     def ms(fn, reps=10):
-        fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b))
-        return sorted(ts)[len(ts) // 2]
+        return time_ms(fn, warmup=1, reps=reps)
 
     rows = []
     for name, B, H, Hkv, D, n in (("SmolLM2 32x2K", 32, 9, 3, 64, 2048), ("SmolLM2 400x160", 400, 9, 3, 64, 160),
