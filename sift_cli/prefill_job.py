@@ -48,12 +48,15 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
 def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int = 2, progress=None) -> list[dict]:
     """`sift demo-prefill`: the first `n` built-in sample questions (`sample.SAMPLE_QUESTIONS`) over shards of the
     built-in sample corpus, full recompute and SIFT side by side, with the bundled model. Each report also holds
-    "question" and "expected" (the module that answers it)."""
+    "question" and "expected" (the module that answers it). Each mode is timed as the median of 3 alternating runs
+    after a warm-up on every device: on a CPU one run of a ~2K-token prompt moves by ±3 % (docs/benchmarks.md),
+    more than the attention SIFT saves there, and three more pairs add under a minute to `make demo`."""
     shards = ShardSet(shards_dir)
     lm = load_model(None, device=device)
     reports = []
     for q in SAMPLE_QUESTIONS[:n]:
         prompt = assemble(shards, lm, list(q.doc_ids), q.question)
-        report = run_prefill(lm, prompt, PrefillOptions(max_new_tokens=q.max_new_tokens), progress=progress)
+        report = run_prefill(lm, prompt, PrefillOptions(max_new_tokens=q.max_new_tokens, repeat=3, warmup=1),
+                             progress=progress)
         reports.append({**report, "question": q.question, "expected": q.answer})
     return reports
