@@ -25,7 +25,7 @@ from ..attention.base import BlockLists
 from ..block_table import BlockTable
 from ..errors import SiftError
 from .runtime import (PackedLaunch, TensorMapTemplate, check_device, compiled_module, function_ptr, resident_ctas,
-                      sm_count)
+                      sm_count, stream_handle)
 
 BLOCK_MS = (64, 128)
 HEAD_DIMS = (64, 128)
@@ -280,7 +280,7 @@ class SparseAttentionPlan:
         (values["offsets"].value, values["indices"].value, values["tile_order"].value, values["n_active"].value,
          values["split_cap"].value, values["split_slot"].value) = self._pointers[layer]
         if self.L:
-            launch(torch.cuda.current_stream(self.device).cuda_stream)
+            launch(stream_handle(self.device))
         return out
 
 
