@@ -287,6 +287,9 @@ __device__ __forceinline__ void wgmma_rs_n128(float* d, u32 a0, u32 a1, u32 a2, 
 #ifndef ABLATE_PV
 #define ABLATE_PV 0
 #endif
+#ifndef ABLATE_STORE  // timing ablation only (nothing written): no normalisation, no output or LSE stores
+#define ABLATE_STORE 0
+#endif
 #ifndef V_LBO
 #define V_LBO CHUNK_KV
 #endif
@@ -644,6 +647,9 @@ __device__ __forceinline__ void store_tile(float* o, float m_a, float m_b, float
       m_b = mxb;
     }
   }
+#if ABLATE_STORE
+  return;
+#endif
   const float inv_a = (l_a > 0.f) ? 1.f / l_a : 0.f;
   const float inv_b = (l_b > 0.f) ? 1.f / l_b : 0.f;
   const int row_b = row_a + 8;
