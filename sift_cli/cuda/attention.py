@@ -247,7 +247,8 @@ class SparseAttentionPlan:
                  scale: float | None = None) -> torch.Tensor:
         """q [H, L, D], k/v [H_kv, L, D] bf16 views (any strides with a unit-stride head dim) → out, an [H, L, D]
         view; without `out` a fresh [L, H, D] buffer is written (the layout the model's o_proj reads) and its
-        [H, L, D] view returned. lse: fp32 [H, L] to fill, or None.
+        [H, L, D] view returned; an `out` the kernel's 16-byte stores cannot reach (`vector_aligned`) is filled
+        from a fresh buffer. lse: fp32 [H, L] to fill, or None.
 
         After the first call a layer costs a few microseconds of host time: the descriptors are re-targeted (their
         shapes and strides are checked against the first call's), a handful of arguments change, one launch."""
@@ -265,6 +266,9 @@ class SparseAttentionPlan:
             self.scale = scale
             launch.set("scale_log2", scale * math.log2(math.e))
         values = launch.values
+        target = None  # a caller's `out` the kernel cannot store into with 16-byte stores: copied into at the end
+        if out is not None and not vector_aligned(out):
+            target, out = out, None
         if out is None:
             out = torch.empty(self.L, self.H, self.D, dtype=torch.bfloat16, device=self.device).transpose(0, 1)
             values["out_row_stride"].value, values["out_head_stride"].value = self.H * self.D, self.D
@@ -281,7 +285,15 @@ class SparseAttentionPlan:
          values["split_cap"].value, values["split_slot"].value) = self._pointers[layer]
         if self.L:
             launch(stream_handle(self.device))
+        if target is not None:
+            return target.copy_(out)
         return out
+
+
+def vector_aligned(out: torch.Tensor) -> bool:
+    """Can the kernel write `out` ([H, L, D]-indexed bf16) directly? Its epilogue stores 8 consecutive columns at
+    once (16 bytes): unit-stride columns, row and head strides in whole 8-column groups, a 16-byte-aligned start."""
+    return out.stride(2) == 1 and out.stride(0) % 8 == 0 and out.stride(1) % 8 == 0 and out.data_ptr() % 16 == 0
 
 
 _SCRATCH: dict = {}

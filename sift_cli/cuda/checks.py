@@ -84,6 +84,8 @@ def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0,
     scale = 1.0 / math.sqrt(D)
     if out_layout == "LHD":
         out = torch.full((L, H, D), float("nan"), dtype=torch.bfloat16, device="cuda").transpose(0, 1)
+    elif out_layout == "unaligned":  # rows of D + 1 columns, one column in: written through a fresh buffer
+        out = torch.full((L, H, D + 1), float("nan"), dtype=torch.bfloat16, device="cuda")[..., 1:].transpose(0, 1)
     else:
         out = torch.full((H, L, D), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((H, L), float("nan"), dtype=torch.float32, device="cuda")

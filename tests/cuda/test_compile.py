@@ -145,3 +145,12 @@ def test_flex_block_mask_matches_reference():
                                   enable_gqa=True)[0]
         ref = block_sparse_attention(q, k, v, lists, 0.2)
         assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+def test_vector_aligned_outputs():
+    """The kernel stores 8 columns at once: views it can write directly, and those written through a buffer."""
+    L, H, D = 5, 3, 64
+    assert cuda_attention.vector_aligned(torch.empty(L, H, D, dtype=torch.bfloat16).transpose(0, 1))
+    assert cuda_attention.vector_aligned(torch.empty(H, L, D, dtype=torch.bfloat16))
+    assert not cuda_attention.vector_aligned(torch.empty(L, H, D + 1, dtype=torch.bfloat16)[..., 1:].transpose(0, 1))
+    assert not cuda_attention.vector_aligned(torch.empty(H, L, 2 * D, dtype=torch.bfloat16)[..., ::2])
