@@ -102,6 +102,7 @@ class _Split:
     own_far: dict = field(default_factory=dict)  # (h, m) → own-far blocks, for pairs on the flash path
     cross: dict = field(default_factory=dict)  # (h, m) → cross blocks, for pairs on the flash path
     own_full: dict = field(default_factory=dict)  # (h, m) → True when it lists every own block of its segment
+    all_causal: dict = field(default_factory=dict)  # (h, m) → True when it lists every causal block
     general: dict = field(default_factory=dict)  # m → [(h, every listed block)] on the masked path
 
 
@@ -121,6 +122,7 @@ def _split(offsets, indices, kv_start, kv_len, q_start, q_len, run_start, n_head
             if _FLASH is not None and near == near_blocks and all(kv_start[kb] >= r0 for kb in near):
                 out.own_far[h, m], out.cross[h, m] = far, cross
                 out.own_full[h, m] = len(far) + len(near) == n_own
+                out.all_causal[h, m] = len(listed) == near_end  # the causal blocks are those before near_end
             else:
                 out.general.setdefault(m, []).append((h, cross + far + tuple(near)))
     return out
@@ -132,14 +134,12 @@ def _segments(run_start: list[int]) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:] + [len(run_start)]))
 
 
-def _leading_dense(split: _Split, segments, n_before: list[int], n_heads: int) -> dict[int, list[int]]:
-    """Heads whose first segments (two or more) list every causal block, by how many: n → heads. n_before[m] is
-    the number of KV blocks before query block m's segment (all of them are its cross blocks then)."""
+def _leading_dense(split: _Split, segments, n_heads: int) -> dict[int, list[int]]:
+    """Heads whose first segments (two or more) list every causal block, by how many: n → heads."""
     lead: dict[int, list[int]] = {}
     for h in range(n_heads):
         n = 0
-        while n < len(segments) and all(split.own_full.get((h, m), False) and len(split.cross[h, m]) == n_before[m]
-                                        for m in range(*segments[n])):
+        while n < len(segments) and all(split.all_causal.get((h, m), False) for m in range(*segments[n])):
             n += 1
         if n > 1:
             lead.setdefault(n, []).append(h)
@@ -210,7 +210,7 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     # The leading segments whose query blocks list every causal block (the prefix, then documents while their LA
     # tiles are all set): one causal run over their rows, with no cross part.
     whole = set()
-    for n_seg, hs in _leading_dense(split, segments, [bisect_left(kv_start, s0) for s0 in run_start], H).items():
+    for n_seg, hs in _leading_dense(split, segments, H).items():
         e = segments[n_seg - 1][1]
         long_causal(hs, 0, q_start[e - 1] + q_len[e - 1])
         for h in hs:
