@@ -518,6 +518,14 @@ __device__ __forceinline__ void issue_turn(float* s, float* o, u32* p, float cor
   issue_pv_step(o, p, corr_a, corr_b, sV, sBar, vstage, vphase);
 }
 
+// The ring slot after (stage, phase): the phase flips each time the ring wraps.
+__device__ __forceinline__ void next_slot(int& stage, u32& phase) {
+  if (++stage == STAGES) {
+    stage = 0;
+    phase ^= 1;
+  }
+}
+
 // One pipelined step j >= 1 of a consumer warpgroup (the FA3 order):
 //   issue S_j = Q K_j^T;  O *= corr_{j-1};  issue O += P_{j-1} V_{j-1};  wait for S_j;  softmax(S_j) -> corr_j and
 //   P_j (converted into a staging set, since the registers of P_{j-1} are still being read by the P V wgmma);
@@ -533,12 +541,9 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
                                               u32 q_empty, bool pass_last) {
   const StepKeys cur = keys;
   if (j + 1 < n) keys = step_keys(lst, j + 1, n_entries);
-  int nstage = stage + 1;
+  int nstage = stage;
   u32 nphase = phase;
-  if (nstage == STAGES) {
-    nstage = 0;
-    nphase ^= 1;
-  }
+  next_slot(nstage, nphase);
   issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw);
   // Warpgroup 1 skips its last hand-over of a tile unless the next tile's first step follows in turn (pass_last):
   // otherwise nobody would wait for it (a tile that starts afresh opens with warpgroup 1's hand-over).
@@ -858,10 +863,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
             const int k1 = (PAIR && i + 1 < ti.n) ? entry_start(lst[i + 1]) : k0;
             load_kv_step(sK + stage * KV_BYTES, &tmap_k, EMPTY_K(stage), FULL_K(stage), phase, k0, k1, hk);
             load_kv_step(sV + stage * KV_BYTES, &tmap_v, EMPTY_V(stage), FULL_V(stage), phase, k0, k1, hk);
-            if (++stage == STAGES) {
-              stage = 0;
-              phase ^= 1;
-            }
+            next_slot(stage, phase);
           }
         }
         mbar_arrive(TILE_EMPTY(slot));  // the loader is done with this slot's list
@@ -959,12 +961,9 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         const int* nlst = lists + nxt.slot * list_cap;
         const StepKeys k0 = step_keys(nlst, 0, nxt.n);
         take_q(sQ, sBar, cw, q_uses, q_base, q_empty);  // this tile's last Q K^T is done: its Q is no longer read
-        int nstage = stage + 1;
+        int nstage = stage;
         u32 nphase = phase;
-        if (nstage == STAGES) {
-          nstage = 0;
-          nphase ^= 1;
-        }
+        next_slot(nstage, nphase);
         issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw);
         sched_pass(cw);  // the next tile has a second step: its turn follows
         wgmma_wait<1>();
@@ -983,10 +982,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         fence_regs<HEAD_DIM / 2>(o);
         mbar_arrive(EMPTY_V(stage));
       }
-      if (n_steps > 0 && ++stage == STAGES) {  // the ring slot after this tile's last
-        stage = 0;
-        phase ^= 1;
-      }
+      if (n_steps > 0) next_slot(stage, phase);  // the ring slot after this tile's last
       store_tile(o, m_a, m_b, l_a, l_b, sl2, cur, row_a, w);
       entered = overlap;
       if (overlap) {  // the next tile goes on from its second step
