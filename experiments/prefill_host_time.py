@@ -19,7 +19,7 @@ import torch
 from sift_cli.attention.backends import get_backend
 from sift_cli.attention.integration import sift_attention_forward, sparse_attention
 from sift_cli.config import resolve_profile_config
-from sift_cli.cuda.attention import SPLIT_MAX, work_order
+from sift_cli.cuda.work_order import SPLIT_MAX, work_order
 from sift_cli.cuda.runtime import sm_count
 from sift_cli.lab.bench.prefill import NOATTN, _stand_in
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set

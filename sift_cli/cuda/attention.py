@@ -1,5 +1,5 @@
-"""The Hopper (sm_90a) block-sparse attention forward of kernels/sparse_attn_fwd.cu: configurations, the
-per-prompt work order, and the launch.
+"""The Hopper (sm_90a) block-sparse attention forward of kernels/sparse_attn_fwd.cu: configurations and the
+launch (the per-prompt work order is `work_order.py`'s).
 
 `SparseAttentionPlan` holds everything one prompt needs on the device, prepared once (the block table, every
 layer's CSR lists and work order, the split-KV workspace, the compiled kernel, packed launch arguments and TMA
@@ -24,14 +24,13 @@ import torch
 from ..attention.base import BlockLists
 from ..block_table import BlockTable
 from ..errors import SiftError
-from .runtime import (PackedLaunch, TensorMapTemplate, check_device, compiled_module, function_ptr, resident_ctas,
-                      sm_count, stream_handle)
+from .runtime import (PackedLaunch, TensorMapTemplate, check_device, compiled_module, function_ptr, l2_bytes,
+                      resident_ctas, sm_count, stream_handle)
+from .work_order import SPLIT_MAX, grouped_for_l2, l2_group, work_order
 
 BLOCK_MS = (64, 128)
 HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
-SPLIT_MAX = 8  # a long row is cut into at most this many parts (split-KV) ...
-SPLIT_MIN_BLOCKS = 16  # ... of at least this many blocks each
 MAX_SMEM = 227 * 1024  # dynamic shared memory a Hopper CTA can have
 SM_SMEM = 228 * 1024  # shared memory of one SM, 1 KiB of it reserved per resident CTA
 TILE_SLOTS = 3  # tiles whose lists the kernel's scheduler stages ahead (kernel macro TILE_SLOTS)
@@ -125,37 +124,6 @@ def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extr
 _FUNCTIONS: dict = {}
 
 
-def work_order(offsets: torch.Tensor, per_step: int, ctas: int, split_max: int = SPLIT_MAX,
-               min_blocks: int = SPLIT_MIN_BLOCKS) -> dict[str, torch.Tensor]:
-    """The kernel's virtual tiles for lists `offsets` int32 [..., H, M + 1] (any leading layer dims), on the device
-    with no host synchronisation.
-
-    A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / (2 ctas)), so
-    only rows much longer than a fair share per persistent CTA are split (the kernel computes the same cut,
-    `split_row`). The parts run longest first (ties: first parts before second parts, then rows in order).
-    Returns per leading index: tile_order [R * split_max] (virtual tile ids, row * split_max + part; the first
-    n_active are the tiles), n_active [1], cap [1], slot_base [R] (first workspace slot of a split row). The CUDA
-    decoder computes the same (`CudaDecoder(..., work=WorkSpec(...))`) in its own launches; this is its reference."""
-    lead = offsets.shape[:-2]
-    counts = (offsets[..., 1:] - offsets[..., :-1]).reshape(*lead, -1).long()  # [..., R]
-    total = counts.sum(-1, keepdim=True)
-    cap = torch.clamp((total + 2 * ctas - 1) // (2 * ctas), min=min_blocks)
-    parts = torch.clamp((counts + cap - 1) // cap, min=1, max=split_max)
-    chunk = torch.clamp(((counts + parts - 1) // parts + per_step - 1) // per_step * per_step, min=1)
-    parts = torch.where(counts > 0, (counts + chunk - 1) // chunk, torch.ones_like(counts))
-    part = torch.arange(split_max, device=offsets.device)
-    length = torch.minimum(torch.clamp(counts[..., None] - part * chunk[..., None], min=0), chunk[..., None])
-    active = part < parts[..., None]
-    key = torch.where(active, length, torch.full_like(length, -1))  # [..., R, split_max]
-    # longest first; ties in part-major order (part, then row), as the CUDA decoder sorts them (decode.cu)
-    u = torch.argsort(key.transpose(-1, -2).reshape(*lead, -1), dim=-1, descending=True, stable=True)
-    n_rows = counts.shape[-1]
-    order = ((u % n_rows) * split_max + u // n_rows).to(torch.int32)
-    split_parts = torch.where(parts > 1, parts, torch.zeros_like(parts))
-    return {"tile_order": order.contiguous(), "n_active": active.reshape(*lead, -1).sum(-1, keepdim=True).int(),
-            "cap": cap.int(), "slot_base": (torch.cumsum(split_parts, -1) - split_parts).int().contiguous()}
-
-
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
@@ -184,18 +152,22 @@ class SparseAttentionPlan:
 
     table: the prompt's BlockTable; offsets int32 [n_layers, H, M + 1] and indices int32 [n_layers, capacity]
     (every layer's canonical CSR lists, e.g. from CudaDecoder); scale: the softmax scale; work: `work_order` of
-    the lists when already computed (it must use the same split and pairing).
+    the lists when already computed (it must use the same split and pairing); l2_heads: KV heads whose tiles run
+    together (None: as many as the device's L2 cache holds, `work_order.l2_group`).
     """
 
     def __init__(self, table: BlockTable, offsets: torch.Tensor, indices: torch.Tensor, n_heads: int,
                  n_kv_heads: int, head_dim: int, scale: float, pair: bool | None = None, split: bool = True,
-                 stages: int | None = None, extra: dict | None = None, work: dict | None = None):
+                 stages: int | None = None, extra: dict | None = None, work: dict | None = None,
+                 l2_heads: int | None = None):
         self.device = offsets.device
         check_device(offsets, "the block lists")
         self.cfg = kernel_config(head_dim, table.block_n, pair, stages, table.block_m)
         self.table = table.to(self.device)
         self.H, self.H_kv, self.D, self.L = n_heads, n_kv_heads, head_dim, table.seq_len
         M, N = table.n_query_blocks, table.n_kv_blocks
+        if n_kv_heads <= 0 or n_heads % n_kv_heads:
+            raise SiftError(f"query heads {n_heads} are not a multiple of KV heads {n_kv_heads}")
         if tuple(offsets.shape[1:]) != (n_heads, M + 1):
             raise SiftError(f"block lists are [{offsets.shape[1]}, {offsets.shape[2] - 1}] (heads, query blocks); "
                             f"the model has {n_heads} heads and the table {M} query blocks")
@@ -203,7 +175,10 @@ class SparseAttentionPlan:
         split_max = SPLIT_MAX if split else 1
         self.func, self.smem = attention_function(self.cfg, self.device.index, N, extra)
         ctas = persistent_ctas(self.cfg, N, self.device, extra)
-        self.work = work if work is not None else work_order(self.offsets, self.cfg.per_step, ctas, split_max)
+        work = work if work is not None else work_order(self.offsets, self.cfg.per_step, ctas, split_max)
+        if l2_heads is None:
+            l2_heads = l2_group(self.L, head_dim, n_kv_heads, l2_bytes(self.device))
+        self.work = grouped_for_l2(work, n_heads, M, l2_heads, n_heads // n_kv_heads, split_max)
         ws_slots = 4 * ctas + 8 if split else 1  # split parts never exceed 2 * total / cap <= 4 CTAs' worth
         self.workspace, self.arrivals, self.sched = _scratch(self.device,
                                                              ws_slots * self.cfg.block_m * (head_dim + 2), n_heads * M)
@@ -333,10 +308,10 @@ def stack_block_lists(block_lists: list[BlockLists]) -> tuple[torch.Tensor, torc
 def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists,
                              scale: float, return_lse: bool = False, out: torch.Tensor | None = None,
                              lse: torch.Tensor | None = None, pair: bool | None = None, split: bool = True,
-                             stages: int | None = None, extra: dict | None = None):
+                             stages: int | None = None, extra: dict | None = None, l2_heads: int | None = None):
     """Block-sparse causal attention of one layer: q [H, L, D], k/v [H_kv, L, D] bf16 → out [H, L, D] bf16
     (+ lse [H, L] fp32). `blocks` are canonical lists over their table (masked blocks first in each row); `out`
-    may be any [H, L, D]-indexed view (e.g. of an [L, H, D] buffer)."""
+    may be any [H, L, D]-indexed view (e.g. of an [L, H, D] buffer); l2_heads: as `SparseAttentionPlan`'s."""
     H, H_kv, L, D = _check_qkv(q, k, v)
     if blocks.seq_len != L or blocks.n_heads != H:
         raise SiftError(f"block lists are for H={blocks.n_heads}, L={blocks.seq_len}; attention has H={H}, L={L}")
@@ -350,6 +325,6 @@ def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if return_lse and lse is None:
         lse = torch.empty(H, L, dtype=torch.float32, device=q.device)
     plan = SparseAttentionPlan(blocks.table, blocks.offsets[None], blocks.indices[None], H, H_kv, D, scale, pair,
-                               split, stages, extra)
+                               split, stages, extra, l2_heads=l2_heads)
     plan(0, q, k, v, out=out, lse=lse if return_lse else None)
     return (out, lse) if return_lse else out

@@ -4,8 +4,9 @@ table, with no host synchronisation (identical to block_lists.decode_layer, orde
 Three launches cover all layers: count (one CTA per query block and 8 heads, grid z = layer), prefix sum, write.
 The index arrays are sized by the causal bound (every causal block of every head), known from the table alone,
 so nothing waits for the counts; `CudaDecoder.layer(l)` is a BlockLists view of layer l. Given the attention
-kernel's `WorkSpec`, the prefix-sum launch also computes its work order (equal to `cuda.attention.work_order`),
-so preparing a prompt for the attention kernel launches nothing more.
+kernel's `WorkSpec`, the prefix-sum launch also computes its work order (equal to `cuda.work_order.work_order`),
+so preparing a prompt for the attention kernel launches nothing more (past the L2 cache's size, the plan regroups
+that order by KV heads: a few device ops on all layers at once).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .runtime import check_device, compiled_module, function_ptr, launch
 
 @dataclass(frozen=True)
 class WorkSpec:
-    """What the attention kernel's work order depends on besides the lists (`cuda.attention.work_order`)."""
+    """What the attention kernel's work order depends on besides the lists (`cuda.work_order.work_order`)."""
 
     per_step: int  # table blocks per pipeline step (2 when 64-key blocks are paired)
     ctas: int  # persistent CTAs of the attention launch
@@ -55,7 +56,7 @@ class CudaDecoder:
     """Bit vectors of one prompt (PromptBits on the GPU) → offsets int32 [n, H, M + 1] and indices int32
     [n, capacity] for layers `layers` (default: all), in canonical order (masked blocks first, each group
     descending); with `work`, also `work`: the attention kernel's work order of every layer (the dict of
-    `cuda.attention.work_order`, leading dim n)."""
+    `cuda.work_order.work_order`, leading dim n)."""
 
     def __init__(self, bits, table: BlockTable, layers: range | None = None, work: WorkSpec | None = None):
         check_device(bits.doc_start if bits.doc_start.numel() else bits.la, "the bit vectors")

@@ -109,6 +109,10 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def l2_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The driver: TMA descriptors and launches
 # ----------------------------------------------------------------------------------------------------------

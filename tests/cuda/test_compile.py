@@ -78,29 +78,6 @@ def test_default_pairing():
         cuda_attention.kernel_config(128, 64, block_m=32)
 
 
-def test_work_order_splits_long_rows_only():
-    """Split-KV: rows far longer than a fair share per SM are cut into parts (none empty, longest first)."""
-    offsets = torch.tensor([[[0, 2, 4, 6, 106]]], dtype=torch.int32)  # one head, rows of 2, 2, 2 and 100 blocks
-    w = cuda_attention.work_order(offsets, per_step=1, ctas=2, split_max=8, min_blocks=16)
-    cap = int(w["cap"][0, 0])
-    assert cap == max(16, -(-106 // 4))
-    order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
-    rows = [v // 8 for v in order]
-    assert rows.count(3) == 4 and all(rows.count(r) == 1 for r in (0, 1, 2))  # only the long row is split
-    assert rows[:4] == [3, 3, 3, 3]  # longest parts first
-    assert w["slot_base"][0].tolist() == [0, 0, 0, 0]  # one split row: its parts take slots 0..3
-
-
-def test_work_order_ties_are_part_major():
-    """Equal lengths keep the order the CUDA decoder's counting sort gives them: first parts of every row, then
-    second parts, rows in order (decode.cu computes the same order; the GPU tests compare them entry for entry)."""
-    offsets = torch.tensor([[[0, 40, 80, 81]]], dtype=torch.int32)  # rows of 40, 40 and 1 blocks
-    w = cuda_attention.work_order(offsets, per_step=1, ctas=4, split_max=8, min_blocks=16)
-    order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
-    assert order == [0 * 8 + 0, 1 * 8 + 0, 0 * 8 + 1, 1 * 8 + 1, 0 * 8 + 2, 1 * 8 + 2, 2 * 8 + 0]  # 14s, 12s, 1
-    assert w["slot_base"][0].tolist() == [0, 3, 6]
-
-
 def test_sources_found_and_self_contained():
     for name in ("sparse_attn_fwd.cu", "decode.cu"):
         src = runtime.kernel_source(name)

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.hopper]
 LENGTHS = (1, 63, 65, 127, 129, 1000, 8192 + 17)
 VARIANTS = [dict(), dict(split=False), dict(pair=False),  # pair=False only changes 64-key tables
             dict(extra={"TILE_SLOTS": 2}),  # what a prompt too long for three staged lists runs
-            dict(extra={"OVERLAP": 0})]  # each tile on its own, as 64-row tiles with 128-key steps run
+            dict(extra={"OVERLAP": 0}),  # each tile on its own, as 64-row tiles with 128-key steps run
+            dict(l2_heads=1)]  # tiles regrouped one KV head at a time, as long prompts run (work_order.l2_group)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
