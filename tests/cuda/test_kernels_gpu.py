@@ -81,6 +81,40 @@ def test_backend_and_plan_on_model_layout(block_m):
         assert torch.equal(o, out)
 
 
+def test_plan_regrouped_for_l2_captures_in_a_graph():
+    """A plan built inside a CUDA graph capture (as a graphed prefill builds it) with its tiles regrouped one KV
+    head at a time replays to the output of the eager plan in plain longest-first order, bit for bit."""
+    import math
+
+    from sift_cli.cuda.attention import SparseAttentionPlan
+
+    L, H, H_kv, D = 1000, 8, 4, 128
+    q = torch.randn(L, H, D, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
+    k = torch.randn(L, H_kv, D, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
+    v = torch.randn(L, H_kv, D, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
+    blocks = random_block_lists(BlockTable.causal(L, 64, 64, device="cuda"), H, 0.4, seed=7)
+    scale = 1 / math.sqrt(D)
+
+    def plan(l2_heads):
+        return SparseAttentionPlan(blocks.table, blocks.offsets[None], blocks.indices[None], H, H_kv, D, scale,
+                                   l2_heads=l2_heads)
+
+    eager = plan(H_kv)(0, q, k, v)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        plan(1)(0, q, k, v)  # compile and allocate outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = plan(1)
+        out = captured(0, q, k, v)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(captured.work["tile_order"], plan(H_kv).work["tile_order"])  # the order did change
+    assert torch.equal(out, eager)
+
+
 def test_two_64_row_ctas_fit_an_sm():
     """64-row query blocks over 64-key tables run two persistent CTAs per SM up to 64K tokens (the driver says so)."""
     from sift_cli.cuda.attention import kernel_config, persistent_ctas
