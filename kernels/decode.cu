@@ -315,7 +315,7 @@ __device__ __forceinline__ void row_parts(int n, int cap, int split_max, int per
 // Prefix sum: counts [n_layers][H * M] -> offsets [n_layers][H][M + 1] (exclusive sums; offsets[h][M] is the
 // end of head h, i.e. offsets[h + 1][0]). One CTA of SCAN_THREADS per layer; each thread scans a contiguous run.
 //
-// With tile_order set it also computes the attention kernel's work order (cuda/attention.py's work_order, equal
+// With tile_order set it also computes the attention kernel's work order (cuda/work_order.py's work_order, equal
 // to it entry for entry), so a prompt's preparation launches nothing else: rows R = H * M are cut into parts of
 // about cap = max(min_blocks, total / (2 ctas)) blocks (at most split_max, whole steps of per_step blocks), the
 // virtual tiles v = row * split_max + part sorted by length, longest first, ties in part-major order (part, then
