@@ -186,11 +186,21 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     def pick(hs):  # a view for consecutive heads (one KV head's, or all), an index otherwise
         return slice(hs[0], hs[-1] + 1) if hs[-1] - hs[0] == len(hs) - 1 else hs
 
-    def span(hs, r0, r1, k0, k1, is_causal):  # heads hs, rows [r0, r1) over keys [k0, k1)
+    def span(hs, r0, r1, k0, k1, is_causal):  # heads hs (ascending), rows [r0, r1) over keys [k0, k1)
         if len(hs) == H:
             return _attend_gqa(qc[:, r0:r1], kc[:, k0:k1], vc[:, k0:k1], scale, is_causal)
-        kv = torch.tensor(hs, device=q.device) // group
-        return _attend(qc[pick(hs), r0:r1], kc[kv, k0:k1], vc[kv, k0:k1], scale, is_causal)
+        # K/V stay views of their KV heads (indexing them copies keys [k0, k1) per query head): one call when
+        # every KV head involved has as many of the heads, else one per KV head
+        per_kv: dict[int, list[int]] = {}
+        for h in hs:
+            per_kv.setdefault(h // group, []).append(h)
+        runs = list(per_kv.values())
+        if all(len(r) == len(runs[0]) for r in runs):
+            kv = pick(list(per_kv))
+            return _attend_gqa(qc[pick(hs), r0:r1], kc[kv, k0:k1], vc[kv, k0:k1], scale, is_causal)
+        parts = [_attend_gqa(qc[pick(r), r0:r1], kc[g: g + 1, k0:k1], vc[g: g + 1, k0:k1], scale, is_causal)
+                 for g, r in per_kv.items()]
+        return torch.cat([o for o, _ in parts]), torch.cat([lo for _, lo in parts])
 
     def causal(hs, r0, r1):  # heads hs, rows [r0, r1) over keys [r0, r1), causal
         return span(hs, r0, r1, r0, r1, True)
