@@ -42,12 +42,6 @@ _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 CAUSAL_CHUNK = 256
 
 
-def _attend(q, k, v, scale, causal):
-    """q [G, R, D], k/v [G, K, D] → (out [G, R, D], lse [G, R]) through the CPU flash op."""
-    out, lse = _FLASH(q[None], k[None], v[None], 0.0, causal, scale=scale)[:2]
-    return out[0], lse[0]
-
-
 def _attend_gqa(q, k, v, scale, causal):
     """q [H, R, D] over k/v [H_kv, K, D], heads h // (H / H_kv) sharing a KV head → (out [H, R, D], lse [H, R]).
     The KV heads are broadcast into the op's batch dimension, not copied (measured ~9 % faster than repeated K/V
