@@ -181,10 +181,8 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
         return slice(hs[0], hs[-1] + 1) if hs[-1] - hs[0] == len(hs) - 1 else hs
 
     def span(hs, r0, r1, k0, k1, is_causal):  # heads hs (ascending), rows [r0, r1) over keys [k0, k1)
-        if len(hs) == H:
-            return _attend_gqa(qc[:, r0:r1], kc[:, k0:k1], vc[:, k0:k1], scale, is_causal)
         # K/V stay views of their KV heads (indexing them copies keys [k0, k1) per query head): one call when
-        # every KV head involved has as many of the heads, else one per KV head
+        # every KV head involved has as many of the heads (all heads, say), else one per KV head
         per_kv: dict[int, list[int]] = {}
         for h in hs:
             per_kv.setdefault(h // group, []).append(h)
@@ -202,7 +200,7 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     def long_causal(hs, r0, r1):  # causal() straight into the outputs, in chunks of CAUSAL_CHUNK rows
         for a in range(r0, r1, CAUSAL_CHUNK):
             b = min(r1, a + CAUSAL_CHUNK)
-            o, lo = span(hs, a, b, a, b, True)
+            o, lo = causal(hs, a, b)
             if a > r0:
                 o, lo = _merge(*span(hs, a, b, r0, a, False), o, lo)
             o_all[pick(hs), a:b], l_all[pick(hs), a:b] = o, lo
