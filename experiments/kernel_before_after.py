@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-
-import torch
 
 from sift_cli.block_lists import computed_cells
 from sift_cli.cuda import attention as cuda_attention
 from sift_cli.cuda import runtime
-from sift_cli.lab.bench.attention_kernels import model_layout_inputs, sift_fn, time_ms, variant_layouts
+from sift_cli.lab.bench.attention_kernels import interleaved_ms, sift_fn, variant_cases
 
 BEFORE = "BEFORE_SOURCE"  # a define that selects the other source (never reaches the compiler's meaning)
 
@@ -57,35 +54,24 @@ def main(argv=None) -> int:
     with open(args.before) as f:
         use_before_source(f.read())
     rows = []
-    for H, H_kv, D in ((32, 8, 128), (9, 3, 64)):
-        q, k, v = model_layout_inputs(H, H_kv, args.tokens, D)
-        for block_n in (64, 128):
-            for block_m in (128, 64):
-                for name, blocks in variant_layouts(H, H_kv, D, args.tokens, block_n, block_m).items():
-                    scale = 1 / math.sqrt(D)
-                    fns = {"after": sift_fn(q, k, v, blocks, scale),  # the kernel's own choice of OVERLAP
-                           "after, overlap on": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 1}),
-                           "after, overlap off": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 0}),
-                           "before": sift_fn(q, k, v, blocks, scale,
-                                             extra={BEFORE: 1, "TILE_SLOTS": args.before_slots})}
-                    outs = {n: fn().float() for n, fn in fns.items()}
-                    diff = max(float((o - outs["before"]).abs().max()) for o in outs.values())
-                    times = {n: [] for n in fns}
-                    for _ in range(args.rounds):
-                        for n, fn in fns.items():
-                            times[n].append(time_ms(fn))
-                    ms = {n: statistics.median(t) for n, t in times.items()}
-                    flops = computed_cells(blocks) * 4 * D
-                    row = dict(H=H, H_kv=H_kv, D=D, block_n=block_n, block_m=block_m, layout=name, ms=ms,
-                               tflops={n: flops / t / 1e9 for n, t in ms.items()},
-                               speedup=ms["before"] / ms["after"], max_diff=diff)
-                    rows.append(row)
-                    print(f"{H}/{H_kv}/{D} KV {block_n} rows {block_m} {name:12s} before {ms['before']:.3f} "
-                          f"after {ms['after']:.3f} ms ({row['speedup']:.3f}x; overlap on "
-                          f"{ms['before'] / ms['after, overlap on']:.3f}x, off "
-                          f"{ms['before'] / ms['after, overlap off']:.3f}x) diff {diff:.1e}", flush=True)
-        del q, k, v
-        torch.cuda.empty_cache()
+    for H, H_kv, D, q, k, v, block_n, block_m, name, blocks in variant_cases(((32, 8, 128), (9, 3, 64)), args.tokens):
+        scale = 1 / math.sqrt(D)
+        fns = {"after": sift_fn(q, k, v, blocks, scale),  # the kernel's own choice of OVERLAP
+               "after, overlap on": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 1}),
+               "after, overlap off": sift_fn(q, k, v, blocks, scale, extra={"OVERLAP": 0}),
+               "before": sift_fn(q, k, v, blocks, scale, extra={BEFORE: 1, "TILE_SLOTS": args.before_slots})}
+        outs = {n: fn().float() for n, fn in fns.items()}
+        diff = max(float((o - outs["before"]).abs().max()) for o in outs.values())
+        ms = interleaved_ms(fns, args.rounds)
+        flops = computed_cells(blocks) * 4 * D
+        row = dict(H=H, H_kv=H_kv, D=D, block_n=block_n, block_m=block_m, layout=name, ms=ms,
+                   tflops={n: flops / t / 1e9 for n, t in ms.items()}, speedup=ms["before"] / ms["after"],
+                   max_diff=diff)
+        rows.append(row)
+        print(f"{H}/{H_kv}/{D} KV {block_n} rows {block_m} {name:12s} before {ms['before']:.3f} "
+              f"after {ms['after']:.3f} ms ({row['speedup']:.3f}x; overlap on "
+              f"{ms['before'] / ms['after, overlap on']:.3f}x, off "
+              f"{ms['before'] / ms['after, overlap off']:.3f}x) diff {diff:.1e}", flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
     return 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 
 import torch
 
@@ -21,7 +20,7 @@ from sift_cli.block_lists import computed_cells
 from sift_cli.cuda.attention import SparseAttentionPlan
 from sift_cli.cuda.runtime import l2_bytes
 from sift_cli.cuda.work_order import l2_group
-from sift_cli.lab.bench.attention_kernels import model_layout_inputs, time_ms, variant_layouts
+from sift_cli.lab.bench.attention_kernels import interleaved_ms, variant_cases
 
 
 def one_case(q, k, v, blocks, groups: list[int], rounds: int) -> dict:
@@ -34,12 +33,8 @@ def one_case(q, k, v, blocks, groups: list[int], rounds: int) -> dict:
     for fn in fns.values():
         fn()
     same = all(torch.equal(outs[g], outs[H_kv]) for g in groups)
-    times = {g: [] for g in groups}
-    for _ in range(rounds):
-        for g, fn in fns.items():
-            times[g].append(time_ms(fn))
-    return {"ms": {g: statistics.median(t) for g, t in times.items()}, "equal_outputs": same,
-            "tflops": computed_cells(blocks) * 4 * D / statistics.median(times[H_kv]) / 1e9}
+    ms = interleaved_ms(fns, rounds)
+    return {"ms": ms, "equal_outputs": same, "tflops": computed_cells(blocks) * 4 * D / ms[H_kv] / 1e9}
 
 
 def main(argv=None) -> int:
@@ -52,24 +47,19 @@ def main(argv=None) -> int:
     l2 = l2_bytes(torch.device("cuda"))
     print(f"L2 cache: {l2 / 2**20:.0f} MiB", flush=True)
     rows = []
+    shapes = [tuple(int(x) for x in s.split("/")) for s in args.shapes.split(",")]
     for L in (int(t) for t in args.tokens.split(",")):
-        for H, H_kv, D in (tuple(int(x) for x in s.split("/")) for s in args.shapes.split(",")):
+        for H, H_kv, D, q, k, v, block_n, block_m, name, blocks in variant_cases(shapes, L):
             rule = l2_group(L, D, H_kv, l2)
             groups = sorted({H_kv, rule} | {1 << i for i in range(H_kv.bit_length()) if 1 << i < H_kv})
-            q, k, v = model_layout_inputs(H, H_kv, L, D)
-            for block_n in (64, 128):
-                for block_m in (128, 64):
-                    for name, blocks in variant_layouts(H, H_kv, D, L, block_n, block_m).items():
-                        r = one_case(q, k, v, blocks, groups, args.rounds)
-                        ms = r["ms"]
-                        rows.append(dict(H=H, H_kv=H_kv, D=D, L=L, block_n=block_n, block_m=block_m, layout=name,
-                                         rule=rule, **r))
-                        gains = " ".join(f"{g}: {ms[H_kv] / ms[g]:.3f}x" for g in groups if g != H_kv)
-                        print(f"{H}/{H_kv}/{D} {L:6d} KV {block_n:3d} rows {block_m:3d} {name:12s} all heads "
-                              f"{ms[H_kv]:.3f} ms ({r['tflops']:.0f} TF/s); KV heads per group {gains}; rule {rule} "
-                              f"{ms[H_kv] / ms[rule]:.3f}x; equal {r['equal_outputs']}", flush=True)
-            del q, k, v
-            torch.cuda.empty_cache()
+            r = one_case(q, k, v, blocks, groups, args.rounds)
+            ms = r["ms"]
+            rows.append(dict(H=H, H_kv=H_kv, D=D, L=L, block_n=block_n, block_m=block_m, layout=name, rule=rule,
+                             **r))
+            gains = " ".join(f"{g}: {ms[H_kv] / ms[g]:.3f}x" for g in groups if g != H_kv)
+            print(f"{H}/{H_kv}/{D} {L:6d} KV {block_n:3d} rows {block_m:3d} {name:12s} all heads "
+                  f"{ms[H_kv]:.3f} ms ({r['tflops']:.0f} TF/s); KV heads per group {gains}; rule {rule} "
+                  f"{ms[H_kv] / ms[rule]:.3f}x; equal {r['equal_outputs']}", flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
     return 0 if all(r["equal_outputs"] for r in rows) else 1

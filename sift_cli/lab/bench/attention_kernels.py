@@ -188,6 +188,28 @@ def variant_layouts(H: int, H_kv: int, D: int, L: int, block_n: int, block_m: in
             "documents": document_case(H, L, block_n, 5, DOC_LENGTHS[(H, H_kv, D)], block_m)[0]}
 
 
+def variant_cases(shapes, L: int):
+    """Every case kernel variants are compared on, as (H, H_kv, D, q, k, v, block_n, block_m, layout, blocks): for
+    each shape (H, H_kv, D) its inputs at L tokens (`model_layout_inputs`), both table widths, both query block
+    sizes and the `variant_layouts`."""
+    for H, H_kv, D in shapes:
+        q, k, v = model_layout_inputs(H, H_kv, L, D)
+        for block_n in (64, 128):
+            for block_m in (128, 64):
+                for name, blocks in variant_layouts(H, H_kv, D, L, block_n, block_m).items():
+                    yield H, H_kv, D, q, k, v, block_n, block_m, name, blocks
+
+
+def interleaved_ms(fns: dict, rounds: int) -> dict:
+    """Median ms of each of `fns` (`time_ms`) over `rounds` rounds that take every function in turn, so a drift of
+    the device's speed touches them alike."""
+    times = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            times[n].append(time_ms(fn))
+    return {n: float(np.median(t)) for n, t in times.items()}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Decode benchmark
 # ----------------------------------------------------------------------------------------------------------
