@@ -34,7 +34,8 @@
 // Compile-time parameters (macros): HEAD_DIM in {64, 128}, BLOCK_N in {64, 128} (keys per step), STAGES >= 1,
 // PAIR (BLOCK_N 128 over 64-key table blocks), BLOCK_M in {64, 128}, TILE_SLOTS, OVERLAP. Grid: min(#tiles,
 // #SMs x CTAs per SM), 128 x (1 + BLOCK_M / 64) threads; dynamic shared memory:
-// sift_cli.cuda.attention.attention_smem_bytes.
+// sift_cli.cuda.attention.attention_smem_bytes. Diagnostic builds only (experiments, never the backend): ABLATE_*
+// remove a stage (wrong results, timing only), TRACE records clock stamps.
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -311,6 +312,77 @@ __device__ __forceinline__ void wgmma_rs_n128(float* d, u32 a0, u32 a1, u32 a2, 
 #ifndef ABLATE_STORE  // timing ablation only (nothing written): no normalisation, no output or LSE stores
 #define ABLATE_STORE 0
 #endif
+#ifndef ABLATE_SAME_KV  // timing ablation only (wrong results): every step loads the first K/V block of its head
+#define ABLATE_SAME_KV 0
+#endif
+// Diagnostics (experiments/kernel_tile_trace.py; the clock reads perturb the kernel a little): TRACE 1 records
+// per-tile timestamps in sift_trace, TRACE 2 sums the consumers' waits by kind in sift_wait.
+#ifndef TRACE
+#define TRACE 0
+#endif
+#define TRACE_CAP (1 << 16)  // per-tile records kept
+#if TRACE
+__device__ __forceinline__ unsigned long long trace_clock() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned long long trace_gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned trace_smid() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+  return r;
+}
+#endif
+#if TRACE == 1
+__device__ unsigned long long sift_trace[TRACE_CAP * 8];
+__device__ unsigned int sift_trace_n;
+// One record: meta (block, SM, flags, masked steps, steps), global time, then four clock64 stamps.
+__device__ __forceinline__ void trace_put(unsigned long long meta, unsigned long long g, unsigned long long c0,
+                                          unsigned long long c1, unsigned long long c2, unsigned long long c3) {
+  const unsigned i = atomicAdd(&sift_trace_n, 1u);
+  if (i >= TRACE_CAP) return;
+  unsigned long long* r = sift_trace + 8ull * i;
+  r[0] = meta;
+  r[1] = g;
+  r[2] = c0;
+  r[3] = c1;
+  r[4] = c2;
+  r[5] = c3;
+}
+#endif
+#if TRACE == 2
+// Cycles each consumer thread waits, by kind (TW_* below), summed per warpgroup over the launch into sift_wait.
+__device__ unsigned long long sift_wait[2 * 9];
+#define TW_PARAM , unsigned* tw
+#define TW_ARG , tw
+#ifndef TRACE_WAITS  // the kinds timed (a bit mask): each costs a register the consumers may not have to spare
+#define TRACE_WAITS 0xFF
+#endif
+#define TW_TIME(kind, ...)                                                     \
+  do {                                                                         \
+    const unsigned _tw0 = ((TRACE_WAITS >> (kind)) & 1) ? (unsigned)trace_clock() : 0u; \
+    __VA_ARGS__;                                                               \
+    if ((TRACE_WAITS >> (kind)) & 1) tw[kind] += (unsigned)trace_clock() - _tw0; \
+  } while (0)
+#else
+#define TW_PARAM
+#define TW_ARG
+#define TW_TIME(kind, ...) __VA_ARGS__
+#endif
+// wait kinds: K tile landed, pingpong turn, V tile landed, S GEMM, P V GEMM, Q landed, tile staged, epilogue
+#define TW_K 0
+#define TW_TURN 1
+#define TW_V 2
+#define TW_S 3
+#define TW_PV 4
+#define TW_Q 5
+#define TW_TILE 6
+#define TW_STORE 7
 #ifndef V_LBO
 #define V_LBO CHUNK_KV
 #endif
@@ -494,9 +566,9 @@ __device__ __forceinline__ StepKeys step_keys(const int* lst, int j, int n) {
 
 // O *= corr, then O += P V from ring slot vstage once its V tile has landed (issued, not waited for).
 __device__ __forceinline__ void issue_pv_step(float* o, u32* p, float corr_a, float corr_b, u32 sV, u32 sBar,
-                                              int vstage, u32 vphase) {
+                                              int vstage, u32 vphase TW_PARAM) {
   rescale_o(o, corr_a, corr_b);
-  mbar_wait(FULL_V(vstage), vphase);
+  TW_TIME(TW_V, mbar_wait(FULL_V(vstage), vphase));
   fence_regs<HEAD_DIM / 2>(o);
   fence_regs_u<BLOCK_N / 4>(p);
   wgmma_fence();
@@ -508,14 +580,14 @@ __device__ __forceinline__ void issue_pv_step(float* o, u32* p, float corr_a, fl
 // each once its tiles have landed; the warpgroup takes its pingpong turn before issuing.
 __device__ __forceinline__ void issue_turn(float* s, float* o, u32* p, float corr_a, float corr_b, u32 q_base,
                                            u32 sK, u32 sV, u32 sBar, int kstage, u32 kphase, int vstage, u32 vphase,
-                                           int cw) {
-  mbar_wait(FULL_K(kstage), kphase);
-  sched_wait(cw);
+                                           int cw TW_PARAM) {
+  TW_TIME(TW_K, mbar_wait(FULL_K(kstage), kphase));
+  TW_TIME(TW_TURN, sched_wait(cw));
   fence_regs<BLOCK_N / 2>(s);
   wgmma_fence();
   issue_qk(s, q_base, sK + kstage * KV_BYTES);
   wgmma_commit();
-  issue_pv_step(o, p, corr_a, corr_b, sV, sBar, vstage, vphase);
+  issue_pv_step(o, p, corr_a, corr_b, sV, sBar, vstage, vphase TW_ARG);
 }
 
 // The ring slot after (stage, phase): the phase flips each time the ring wraps.
@@ -538,24 +610,24 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
                                               float& l_b, float& corr_a, float& corr_b, float sl2, int row_a,
                                               u32 q_base, u32 sK, u32 sV, u32 sBar, int& stage, u32& phase,
                                               StepKeys& keys, const int* lst, int j, int n, int n_entries, int cw,
-                                              u32 q_empty, bool pass_last) {
+                                              u32 q_empty, bool pass_last TW_PARAM) {
   const StepKeys cur = keys;
   if (j + 1 < n) keys = step_keys(lst, j + 1, n_entries);
   int nstage = stage;
   u32 nphase = phase;
   next_slot(nstage, nphase);
-  issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw);
+  issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw TW_ARG);
   // Warpgroup 1 skips its last hand-over of a tile unless the next tile's first step follows in turn (pass_last):
   // otherwise nobody would wait for it (a tile that starts afresh opens with warpgroup 1's hand-over).
   if (cw == 0 || j + 1 < n || pass_last) sched_pass(cw);
-  wgmma_wait<1>();
+  TW_TIME(TW_S, wgmma_wait<1>());
   fence_regs<BLOCK_N / 2>(s);
   mbar_arrive(EMPTY_K(nstage));
   if (j + 1 == n) mbar_arrive(q_empty);  // the tile's last Q K^T is done: the loader may refill this Q buffer
   softmax_block<MASK>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, cur, row_a);
   u32 p_next[BLOCK_N / 4];
   convert_p(s, p_next);
-  wgmma_wait<0>();
+  TW_TIME(TW_PV, wgmma_wait<0>());
   fence_regs<HEAD_DIM / 2>(o);
   fence_regs_u<BLOCK_N / 4>(p);
   mbar_arrive(EMPTY_V(stage));
@@ -566,11 +638,11 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
 }
 
 // The Q buffer of a consumer's next non-empty tile, once loaded: its rows for warpgroup cw and its empty barrier.
-__device__ __forceinline__ void take_q(u32 sQ, u32 sBar, int cw, int& q_uses, u32& q_base, u32& q_empty) {
+__device__ __forceinline__ void take_q(u32 sQ, u32 sBar, int cw, int& q_uses, u32& q_base, u32& q_empty TW_PARAM) {
   const int qb = q_uses & 1;
   q_base = sQ + qb * Q_BYTES + cw * 64 * 128;
   q_empty = Q_EMPTY(qb);
-  mbar_wait(FULL_Q(qb), (q_uses >> 1) & 1);
+  TW_TIME(TW_Q, mbar_wait(FULL_Q(qb), (q_uses >> 1) & 1));
   ++q_uses;
 }
 
@@ -579,10 +651,10 @@ struct TileMeta {
   int h, n, n_mask, q0, q_end, split, n_splits, row_id, slot;
 };
 
-__device__ __forceinline__ TileMeta read_tile(const TileInfo* info, u32 sBar, int it, int seq_len) {
+__device__ __forceinline__ TileMeta read_tile(const TileInfo* info, u32 sBar, int it, int seq_len TW_PARAM) {
   TileMeta t;
   t.slot = it % TILE_SLOTS;
-  mbar_wait(TILE_FULL(t.slot), (it / TILE_SLOTS) & 1);
+  TW_TIME(TW_TILE, mbar_wait(TILE_FULL(t.slot), (it / TILE_SLOTS) & 1));
   const TileInfo ti = info[t.slot];
   t.h = __shfl_sync(0xffffffffu, ti.h, 0);
   t.n = __shfl_sync(0xffffffffu, ti.n, 0);
@@ -858,9 +930,9 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
           const int* lst = lists + slot * list_cap;
 #pragma unroll 1
           for (int i = 0; i < ti.n; i += PER_STEP) {
-            const int k0 = entry_start(lst[i]);
+            const int k0 = ABLATE_SAME_KV ? 0 : entry_start(lst[i]);
             // with PAIR, the step's second block (a lone last block fills both halves)
-            const int k1 = (PAIR && i + 1 < ti.n) ? entry_start(lst[i + 1]) : k0;
+            const int k1 = ABLATE_SAME_KV ? 0 : (PAIR && i + 1 < ti.n) ? entry_start(lst[i + 1]) : k0;
             load_kv_step(sK + stage * KV_BYTES, &tmap_k, EMPTY_K(stage), FULL_K(stage), phase, k0, k1, hk);
             load_kv_step(sV + stage * KV_BYTES, &tmap_v, EMPTY_V(stage), FULL_V(stage), phase, k0, k1, hk);
             next_slot(stage, phase);
@@ -888,8 +960,21 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
     StepKeys keys;
     bool entered = false;  // the tile's first step was run at the end of the previous tile (OVERLAP)
     int it = 0;
-    TileMeta cur = read_tile(info, sBar, 0, seq_len);
+#if TRACE == 1
+    const bool tracer = (t == 0 && cw == 0);
+#elif TRACE == 2
+    unsigned tw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const unsigned tw_start = (unsigned)trace_clock();
+#endif
+    TileMeta cur = read_tile(info, sBar, 0, seq_len TW_ARG);
     while (cur.h >= 0) {
+#if TRACE == 1
+      unsigned long long tr_g = 0, tr_c0 = 0, tr_c1 = 0, tr_c2 = 0;
+      if (tracer) {
+        tr_g = trace_gtime();
+        tr_c0 = trace_clock();
+      }
+#endif
       const int* lst = lists + cur.slot * list_cap;
       const int row_a = cur.q0 + cw * 64 + warp * 16 + g;  // this thread's rows: row_a and row_a + 8
       // Steps, in list order: the masked ones first (the blocks that need a mask are the list's prefix), then
@@ -903,16 +988,16 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         m_a = m_b = neg_inf();
         l_a = l_b = 0.f;
         if (cur.n > 0) {
-          take_q(sQ, sBar, cw, q_uses, q_base, q_empty);
+          take_q(sQ, sBar, cw, q_uses, q_base, q_empty TW_ARG);
           keys = step_keys(lst, 0, cur.n);
           if (cw == 1) sched_pass(cw);  // warpgroup 0 goes first
-          mbar_wait(FULL_K(stage), phase);
-          sched_wait(cw);
+          TW_TIME(TW_K, mbar_wait(FULL_K(stage), phase));
+          TW_TIME(TW_TURN, sched_wait(cw));
           wgmma_fence();
           issue_qk(s, q_base, sK + stage * KV_BYTES);
           wgmma_commit();
           if (cw == 0 || n_steps > 1) sched_pass(cw);
-          wgmma_wait<0>();
+          TW_TIME(TW_S, wgmma_wait<0>());
           fence_regs<BLOCK_N / 2>(s);
           mbar_arrive(EMPTY_K(stage));
           if (n_steps == 1) mbar_arrive(q_empty);
@@ -934,22 +1019,25 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
       bool overlap = false;
 #if PINGPONG
       {
-        const TileMeta nxt = read_tile(info, sBar, it + 1, seq_len);
+        const TileMeta nxt = read_tile(info, sBar, it + 1, seq_len TW_ARG);
         overlap = OVERLAP && n_steps >= 2 && nxt.h >= 0 && nxt.n > PER_STEP;
       }
 #endif
       int j = 1;
       for (; j < masked_end; ++j)
         mainloop_step<true>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
-                            phase, keys, lst, j, n_steps, cur.n, cw, q_empty, overlap);
+                            phase, keys, lst, j, n_steps, cur.n, cw, q_empty, overlap TW_ARG);
       for (; j < tail_start; ++j)
         mainloop_step<false>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
-                             phase, keys, lst, j, n_steps, cur.n, cw, q_empty, overlap);
+                             phase, keys, lst, j, n_steps, cur.n, cw, q_empty, overlap TW_ARG);
       for (; j < n_steps; ++j)
         mainloop_step<true>(s, o, p, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, row_a, q_base, sK, sV, sBar, stage,
-                            phase, keys, lst, j, n_steps, cur.n, cw, q_empty, overlap);
+                            phase, keys, lst, j, n_steps, cur.n, cw, q_empty, overlap TW_ARG);
+#if TRACE == 1
+      if (tracer) tr_c1 = trace_clock();
+#endif
       mbar_arrive(TILE_EMPTY(cur.slot));  // the list is read: the scheduler may stage a later tile here
-      const TileMeta nxt = read_tile(info, sBar, it + 1, seq_len);  // its slot stays until the tile is done
+      const TileMeta nxt = read_tile(info, sBar, it + 1, seq_len TW_ARG);  // its slot stays until the tile is done
 #if !PINGPONG
       overlap = OVERLAP && n_steps >= 2 && nxt.h >= 0 && nxt.n > PER_STEP;
 #endif
@@ -960,30 +1048,40 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         // masked: harmless on a block that needs none) runs while the P V is in flight.
         const int* nlst = lists + nxt.slot * list_cap;
         const StepKeys k0 = step_keys(nlst, 0, nxt.n);
-        take_q(sQ, sBar, cw, q_uses, q_base, q_empty);  // this tile's last Q K^T is done: its Q is no longer read
+        take_q(sQ, sBar, cw, q_uses, q_base, q_empty TW_ARG);  // this tile's last Q K^T is done: its Q is no longer read
         int nstage = stage;
         u32 nphase = phase;
         next_slot(nstage, nphase);
-        issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw);
+        issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw TW_ARG);
         sched_pass(cw);  // the next tile has a second step: its turn follows
-        wgmma_wait<1>();
+        TW_TIME(TW_S, wgmma_wait<1>());
         fence_regs<BLOCK_N / 2>(s);
         mbar_arrive(EMPTY_K(nstage));
         softmax_block<true>(s, nm_a, nm_b, nl_a, nl_b, corr_a, corr_b, sl2, k0, nxt.q0 + cw * 64 + warp * 16 + g);
         convert_p(s, p_next);
-        wgmma_wait<0>();
+        TW_TIME(TW_PV, wgmma_wait<0>());
         fence_regs<HEAD_DIM / 2>(o);
         fence_regs_u<BLOCK_N / 4>(p);
         mbar_arrive(EMPTY_V(stage));
         keys = step_keys(nlst, 1, nxt.n);
       } else if (n_steps > 0) {  // the last block's P V
-        issue_pv_step(o, p, corr_a, corr_b, sV, sBar, stage, phase);
-        wgmma_wait<0>();
+        issue_pv_step(o, p, corr_a, corr_b, sV, sBar, stage, phase TW_ARG);
+        TW_TIME(TW_PV, wgmma_wait<0>());
         fence_regs<HEAD_DIM / 2>(o);
         mbar_arrive(EMPTY_V(stage));
       }
       if (n_steps > 0) next_slot(stage, phase);  // the ring slot after this tile's last
-      store_tile(o, m_a, m_b, l_a, l_b, sl2, cur, row_a, w);
+#if TRACE == 1
+      if (tracer) tr_c2 = trace_clock();
+#endif
+      TW_TIME(TW_STORE, store_tile(o, m_a, m_b, l_a, l_b, sl2, cur, row_a, w));
+#if TRACE == 1
+      if (tracer)
+        trace_put(((unsigned long long)blockIdx.x << 40) | ((unsigned long long)trace_smid() << 32) |
+                      ((unsigned long long)entered << 31) | ((unsigned long long)overlap << 30) |
+                      ((unsigned long long)cur.n_mask << 15) | (unsigned long long)n_steps,
+                  tr_g, tr_c0, tr_c1, tr_c2, trace_clock());
+#endif
       entered = overlap;
       if (overlap) {  // the next tile goes on from its second step
 #pragma unroll
@@ -998,5 +1096,17 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
       cur = nxt;
       ++it;
     }
+#if TRACE == 2
+    if (t == 0) {
+      const unsigned total = (unsigned)trace_clock() - tw_start;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) atomicAdd(&sift_wait[9 * cw + k], (unsigned long long)tw[k]);
+      atomicAdd(&sift_wait[9 * cw + 8], (unsigned long long)total);
+    }
+#elif TRACE == 1
+    if (tracer)  // the CTA's end: flag bit 29
+      trace_put(((unsigned long long)blockIdx.x << 40) | ((unsigned long long)trace_smid() << 32) | (1ull << 29),
+                trace_gtime(), trace_clock(), 0, 0, 0);
+#endif
   }
 }

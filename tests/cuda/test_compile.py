@@ -45,6 +45,16 @@ def test_attention_kernel_compiles(tmp_path, head_dim, block_n, pair, block_m, p
     assert "0 bytes stack frame" in report, report
 
 
+@pytest.mark.parametrize("defines", [[("TRACE", 1)], [("TRACE", 2), ("TRACE_WAITS", 0x0F)],
+                                     [("TRACE", 2), ("TRACE_WAITS", 0x10)], [("ABLATE_SAME_KV", 1)]])
+def test_diagnostic_builds_compile(tmp_path, defines):
+    """The builds experiments/kernel_tile_trace.py times (per-tile stamps, wait sums, one K/V block) still compile
+    with the wgmma pipeline intact; their clock reads may spill a few registers, which perturbs them a little."""
+    report = _nvcc(tmp_path, "sparse_attn_fwd.cu",
+                   [("HEAD_DIM", 128), ("BLOCK_N", 128), ("STAGES", 2), ("PAIR", 1), ("BLOCK_M", 128), *defines])
+    assert "C7520" not in report and "C7513" not in report, "serialised wgmma:\n" + report
+
+
 def test_decode_kernel_compiles(tmp_path):
     report = _nvcc(tmp_path, "decode.cu", [])
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
