@@ -19,7 +19,10 @@
 // One CTA of 128 threads per (query block, DEC_HEADS heads, layer). Thread t takes KV blocks kb_max - t,
 // kb_max - t - 128, ...; the row's geometry and each KV block's (kv_block) are worked out once and shared by the
 // CTA's heads, which differ only in the bits they read. The write pass ranks the listed blocks of each 128-wide
-// chunk by warp ballots met in shared memory, so each group comes out descending without sorting. No #include.
+// chunk by warp ballots met in shared memory, so each group comes out descending without sorting. No CUDA
+// headers; the one #include is kernels/split_row.cuh, shared with the attention kernel.
+
+#include "split_row.cuh"
 
 #define DEC_THREADS 128
 #define DEC_HEADS 8  // heads per CTA (grid y = ceil(H / DEC_HEADS))
@@ -300,18 +303,6 @@ __device__ __forceinline__ int cta_exclusive_scan(int v, int* warp_tot, int* tot
   return warp_tot[warp] + incl - v;
 }
 
-// The attention kernel's cut of a row of n blocks (its split_row) for a per-step granularity.
-__device__ __forceinline__ void row_parts(int n, int cap, int split_max, int per_step, int& parts, int& chunk) {
-  if (n <= 0 || split_max <= 1) {
-    parts = 1;
-    chunk = max(n, 1);
-    return;
-  }
-  parts = min(split_max, (n + cap - 1) / cap);
-  chunk = ((n + parts - 1) / parts + per_step - 1) / per_step * per_step;
-  parts = (n + chunk - 1) / chunk;
-}
-
 // Prefix sum: counts [n_layers][H * M] -> offsets [n_layers][H][M + 1] (exclusive sums; offsets[h][M] is the
 // end of head h, i.e. offsets[h + 1][0]). One CTA of SCAN_THREADS per layer; each thread scans a contiguous run.
 //
@@ -351,7 +342,7 @@ sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int
   int split_parts = 0, my_parts = 0;
   for (int i = lo; i < hi; ++i) {
     int parts, chunk;
-    row_parts(cnt[i], cap, split_max, per_step, parts, chunk);
+    split_row(cnt[i], cap, split_max, per_step, parts, chunk);
     split_parts += parts > 1 ? parts : 0;
     my_parts += parts;
   }
@@ -360,7 +351,7 @@ sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int
   (void)cta_exclusive_scan(my_parts, warp_tot, &n_tiles);
   for (int i = lo; i < hi; ++i) {
     int parts, chunk;
-    row_parts(cnt[i], cap, split_max, per_step, parts, chunk);
+    split_row(cnt[i], cap, split_max, per_step, parts, chunk);
     split_slot[(long long)z * R + i] = run;
     run += parts > 1 ? parts : 0;
   }
@@ -374,7 +365,7 @@ sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int
   for (int i = lo; i < hi; ++i) {
     int parts, chunk;
     const int n = cnt[i];
-    row_parts(n, cap, split_max, per_step, parts, chunk);
+    split_row(n, cap, split_max, per_step, parts, chunk);
     for (int p = 0; p < parts; ++p) atomicAdd(&bins[max(0, min(chunk, n - p * chunk))], 1);
   }
   const int bper = (n_bins + SCAN_THREADS - 1) / SCAN_THREADS;  // bins scanned from the longest length down
@@ -399,7 +390,7 @@ sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int
       const int p = u / R, row = u - p * R;
       int parts, chunk;
       const int n = cnt[row];
-      row_parts(n, cap, split_max, per_step, parts, chunk);
+      split_row(n, cap, split_max, per_step, parts, chunk);
       if (p < parts) {
         key = max(0, min(chunk, n - p * chunk));
         v = row * split_max + p;

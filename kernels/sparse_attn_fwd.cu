@@ -30,12 +30,15 @@
 // next segment) never enter the softmax. Rows of the tile past q_len (the next segment's) or past L are
 // computed and not stored; the output is written through (row, head) strides, e.g. straight into [L, H, D].
 //
-// Written without any #include so NVRTC needs no CUDA headers: bf16 is raw 16-bit, conversions are PTX.
+// No CUDA headers, so NVRTC needs none: bf16 is raw 16-bit, conversions are PTX; the one #include is
+// kernels/split_row.cuh, shared with decode.cu.
 // Compile-time parameters (macros): HEAD_DIM in {64, 128}, BLOCK_N in {64, 128} (keys per step), STAGES >= 1,
 // PAIR (BLOCK_N 128 over 64-key table blocks), BLOCK_M in {64, 128}, TILE_SLOTS, OVERLAP. Grid: min(#tiles,
 // #SMs x CTAs per SM), 128 x (1 + BLOCK_M / 64) threads; dynamic shared memory:
 // sift_cli.cuda.attention.attention_smem_bytes. Diagnostic builds only (experiments, never the backend): ABLATE_*
 // remove a stage (wrong results, timing only), TRACE records clock stamps.
+
+#include "split_row.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -515,20 +518,6 @@ struct TileInfo {
   int h, n, n_mask, q0, qn, split, n_splits, row;
 };
 
-// Split-KV: a row of n blocks is cut into n_splits contiguous parts of about n / n_splits blocks, rounded up to
-// whole pipeline steps (at most split_max parts, n_splits ~ n / cap, none empty). The host computes the same
-// numbers to size and order the virtual tiles.
-__device__ __forceinline__ void split_row(int n, int cap, int split_max, int& n_splits, int& chunk) {
-  if (n <= 0 || split_max <= 1) {
-    n_splits = 1;
-    chunk = n;
-    return;
-  }
-  n_splits = min(split_max, (n + cap - 1) / cap);
-  chunk = ((n + n_splits - 1) / n_splits + PER_STEP - 1) / PER_STEP * PER_STEP;  // whole pipeline steps
-  n_splits = (n + chunk - 1) / chunk;
-}
-
 // All consumer threads (named barrier 3; 1 and 2 are the pingpong turns).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 3, %0;" ::"n"(CONSUMERS) : "memory"); }
 
@@ -868,7 +857,7 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
           const int row_start = offsets[h * (n_qblocks + 1) + m];
           const int n_row = offsets[h * (n_qblocks + 1) + m + 1] - row_start;
           int n_splits, chunk;
-          split_row(n_row, cap, split_max, n_splits, chunk);
+          split_row(n_row, cap, split_max, PER_STEP, n_splits, chunk);
           const int start = row_start + split * chunk;
           const int n = max(0, min(chunk, n_row - split * chunk));
           const int q0 = q_start[m];

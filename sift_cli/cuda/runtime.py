@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -42,9 +43,30 @@ def kernel_dir() -> Path:
                     + "); reinstall sift-cli or set SIFT_KERNELS_DIR")
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([\w.]+)"[^\n]*$', re.M)
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_source(name: str) -> str:
-    return (kernel_dir() / name).read_text()
+    """The text of kernels/`name` with its `#include "x.cuh"` lines (siblings in the kernel directory) replaced by
+    their text, once each: NVRTC compiles one self-contained string, and the compiled-module caches, keyed by
+    that string, see a change of a shared header too."""
+    seen: set[str] = set()
+
+    def expand(file: str) -> str:
+        seen.add(file)
+
+        def inline(m: re.Match) -> str:
+            inc = m.group(1)
+            if inc in seen:
+                return ""
+            if not (kernel_dir() / inc).is_file():
+                raise SiftError(f"kernels/{file} includes {inc}, which is not in {kernel_dir()}")
+            return expand(inc).replace("#pragma once\n", "")
+
+        return _INCLUDE.sub(inline, (kernel_dir() / file).read_text())
+
+    return expand(name)
 
 
 def _cupy():
