@@ -49,8 +49,8 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([\w.]+)"[^\n]*$', re.M)
 @functools.lru_cache(maxsize=None)
 def kernel_source(name: str) -> str:
     """The text of kernels/`name` with its `#include "x.cuh"` lines (siblings in the kernel directory) replaced by
-    their text, once each: NVRTC compiles one self-contained string, and the compiled-module caches, keyed by
-    that string, see a change of a shared header too."""
+    their text, once each: NVRTC compiles one self-contained string, and CuPy's on-disk cache, keyed by that
+    string, sees a change of a shared header too."""
     seen: set[str] = set()
 
     def expand(file: str) -> str:
