@@ -1037,7 +1037,8 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         // masked: harmless on a block that needs none) runs while the P V is in flight.
         const int* nlst = lists + nxt.slot * list_cap;
         const StepKeys k0 = step_keys(nlst, 0, nxt.n);
-        take_q(sQ, sBar, cw, q_uses, q_base, q_empty TW_ARG);  // this tile's last Q K^T is done: its Q is no longer read
+        // this tile's last Q K^T is done: its Q is no longer read
+        take_q(sQ, sBar, cw, q_uses, q_base, q_empty TW_ARG);
         int nstage = stage;
         u32 nphase = phase;
         next_slot(nstage, nphase);
