@@ -35,7 +35,7 @@ def use_before_source(text: str) -> None:
             cp = runtime._cupy()
             options = ("-arch=sm_90a", "-std=c++17") + tuple(f"-D{k}={v}" for k, v in defines)
             with cp.cuda.Device(device_index):
-                mod = cp.RawModule(code=text, options=options)
+                mod = cp.RawModule(code=runtime.inline_includes(text, "the older source"), options=options)
                 mod.compile()
             runtime._MODULES[key] = mod
         return runtime._MODULES[key]

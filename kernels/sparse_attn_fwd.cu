@@ -587,6 +587,30 @@ __device__ __forceinline__ void next_slot(int& stage, u32& phase) {
   }
 }
 
+// One turn of the FA3 order, the part every step shares: issue S = Q K^T into s from ring slot (kstage, kphase)
+// and O *= corr, O += P V from slot (vstage, vphase); hand the pingpong turn over if pass; wait for S, release its
+// K slot (and this Q buffer if release_q); softmax<MASK> of S with the softmax state, keys and first row given,
+// into corr and P (converted into p_next: p is still read by the P V wgmma); wait for the P V, release its V slot.
+template <bool MASK>
+__device__ __forceinline__ void pipelined_turn(float* s, float* o, u32* p, u32* p_next, float& m_a, float& m_b,
+                                               float& l_a, float& l_b, float& corr_a, float& corr_b, float sl2,
+                                               const StepKeys& keys, int row_a, u32 q_base, u32 sK, u32 sV, u32 sBar,
+                                               int kstage, u32 kphase, int vstage, u32 vphase, int cw, bool pass,
+                                               bool release_q, u32 q_empty TW_PARAM) {
+  issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, kstage, kphase, vstage, vphase, cw TW_ARG);
+  if (pass) sched_pass(cw);
+  TW_TIME(TW_S, wgmma_wait<1>());
+  fence_regs<BLOCK_N / 2>(s);
+  mbar_arrive(EMPTY_K(kstage));
+  if (release_q) mbar_arrive(q_empty);
+  softmax_block<MASK>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, keys, row_a);
+  convert_p(s, p_next);
+  TW_TIME(TW_PV, wgmma_wait<0>());
+  fence_regs<HEAD_DIM / 2>(o);
+  fence_regs_u<BLOCK_N / 4>(p);
+  mbar_arrive(EMPTY_V(vstage));
+}
+
 // One pipelined step j >= 1 of a consumer warpgroup (the FA3 order):
 //   issue S_j = Q K_j^T;  O *= corr_{j-1};  issue O += P_{j-1} V_{j-1};  wait for S_j;  softmax(S_j) -> corr_j and
 //   P_j (converted into a staging set, since the registers of P_{j-1} are still being read by the P V wgmma);
@@ -605,21 +629,13 @@ __device__ __forceinline__ void mainloop_step(float* s, float* o, u32* p, float&
   int nstage = stage;
   u32 nphase = phase;
   next_slot(nstage, nphase);
-  issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw TW_ARG);
-  // Warpgroup 1 skips its last hand-over of a tile unless the next tile's first step follows in turn (pass_last):
-  // otherwise nobody would wait for it (a tile that starts afresh opens with warpgroup 1's hand-over).
-  if (cw == 0 || j + 1 < n || pass_last) sched_pass(cw);
-  TW_TIME(TW_S, wgmma_wait<1>());
-  fence_regs<BLOCK_N / 2>(s);
-  mbar_arrive(EMPTY_K(nstage));
-  if (j + 1 == n) mbar_arrive(q_empty);  // the tile's last Q K^T is done: the loader may refill this Q buffer
-  softmax_block<MASK>(s, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, cur, row_a);
   u32 p_next[BLOCK_N / 4];
-  convert_p(s, p_next);
-  TW_TIME(TW_PV, wgmma_wait<0>());
-  fence_regs<HEAD_DIM / 2>(o);
-  fence_regs_u<BLOCK_N / 4>(p);
-  mbar_arrive(EMPTY_V(stage));
+  // Warpgroup 1 skips its last hand-over of a tile unless the next tile's first step follows in turn (pass_last):
+  // otherwise nobody would wait for it (a tile that starts afresh opens with warpgroup 1's hand-over). After the
+  // tile's last Q K^T the loader may refill its Q buffer.
+  pipelined_turn<MASK>(s, o, p, p_next, m_a, m_b, l_a, l_b, corr_a, corr_b, sl2, cur, row_a, q_base, sK, sV, sBar,
+                       nstage, nphase, stage, phase, cw, cw == 0 || j + 1 < n || pass_last, j + 1 == n,
+                       q_empty TW_ARG);
 #pragma unroll
   for (int i = 0; i < BLOCK_N / 4; ++i) p[i] = p_next[i];
   stage = nstage;
@@ -1042,17 +1058,10 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
         int nstage = stage;
         u32 nphase = phase;
         next_slot(nstage, nphase);
-        issue_turn(s, o, p, corr_a, corr_b, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw TW_ARG);
-        sched_pass(cw);  // the next tile has a second step: its turn follows
-        TW_TIME(TW_S, wgmma_wait<1>());
-        fence_regs<BLOCK_N / 2>(s);
-        mbar_arrive(EMPTY_K(nstage));
-        softmax_block<true>(s, nm_a, nm_b, nl_a, nl_b, corr_a, corr_b, sl2, k0, nxt.q0 + cw * 64 + warp * 16 + g);
-        convert_p(s, p_next);
-        TW_TIME(TW_PV, wgmma_wait<0>());
-        fence_regs<HEAD_DIM / 2>(o);
-        fence_regs_u<BLOCK_N / 4>(p);
-        mbar_arrive(EMPTY_V(stage));
+        // the turn is handed over: the next tile has a second step, which follows in turn
+        pipelined_turn<true>(s, o, p, p_next, nm_a, nm_b, nl_a, nl_b, corr_a, corr_b, sl2, k0,
+                             nxt.q0 + cw * 64 + warp * 16 + g, q_base, sK, sV, sBar, nstage, nphase, stage, phase, cw,
+                             true, false, q_empty TW_ARG);
         keys = step_keys(nlst, 1, nxt.n);
       } else if (n_steps > 0) {  // the last block's P V
         issue_pv_step(o, p, corr_a, corr_b, sV, sBar, stage, phase TW_ARG);

@@ -48,25 +48,26 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([\w.]+)"[^\n]*$', re.M)
 
 @functools.lru_cache(maxsize=None)
 def kernel_source(name: str) -> str:
-    """The text of kernels/`name` with its `#include "x.cuh"` lines (siblings in the kernel directory) replaced by
-    their text, once each: NVRTC compiles one self-contained string, and CuPy's on-disk cache, keyed by that
-    string, sees a change of a shared header too."""
-    seen: set[str] = set()
+    """The text of kernels/`name`, its includes inlined (`inline_includes`)."""
+    return inline_includes((kernel_dir() / name).read_text(), name)
 
-    def expand(file: str) -> str:
-        seen.add(file)
 
-        def inline(m: re.Match) -> str:
-            inc = m.group(1)
-            if inc in seen:
-                return ""
-            if not (kernel_dir() / inc).is_file():
-                raise SiftError(f"kernels/{file} includes {inc}, which is not in {kernel_dir()}")
-            return expand(inc).replace("#pragma once\n", "")
+def inline_includes(text: str, name: str = "source") -> str:
+    """`text` with its `#include "x.cuh"` lines (siblings in the kernel directory) replaced by their text, once
+    each: NVRTC compiles one self-contained string, and CuPy's on-disk cache, keyed by that string, sees a change of
+    a shared header too. name: what `text` is, for errors."""
+    seen: set[str] = {name}
 
-        return _INCLUDE.sub(inline, (kernel_dir() / file).read_text())
+    def inline(m: re.Match) -> str:
+        inc = m.group(1)
+        if inc in seen:
+            return ""
+        seen.add(inc)
+        if not (kernel_dir() / inc).is_file():
+            raise SiftError(f"{name} includes {inc}, which is not in {kernel_dir()}")
+        return _INCLUDE.sub(inline, (kernel_dir() / inc).read_text()).replace("#pragma once\n", "")
 
-    return expand(name)
+    return _INCLUDE.sub(inline, text)
 
 
 def _cupy():
