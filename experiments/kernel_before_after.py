@@ -32,12 +32,8 @@ def use_before_source(text: str) -> None:
             return current(name, defines, device_index)
         key = (BEFORE, defines, device_index)
         if key not in runtime._MODULES:
-            cp = runtime._cupy()
-            options = ("-arch=sm_90a", "-std=c++17") + tuple(f"-D{k}={v}" for k, v in defines)
-            with cp.cuda.Device(device_index):
-                mod = cp.RawModule(code=runtime.inline_includes(text, "the older source"), options=options)
-                mod.compile()
-            runtime._MODULES[key] = mod
+            runtime._MODULES[key] = runtime.compile_source(runtime.inline_includes(text, "the older source"),
+                                                           defines, device_index, "the older source")
         return runtime._MODULES[key]
 
     cuda_attention.compiled_module = compiled

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from sift_cli.cuda.attention import SparseAttentionPlan
+from sift_cli.cuda.attention import SparseAttentionPlan, attention_defines
 from sift_cli.cuda.runtime import compiled_module
 from sift_cli.lab.bench.attention_kernels import (block_lists_flops, cudnn_dense_fn, model_layout_inputs, time_ms,
                                                   variant_layouts)
@@ -33,10 +33,8 @@ WAIT_BUILDS = (0x0F, 0xE0, 0x10)  # K, turn, V, S | Q, tile, epilogue | PV (spil
 
 
 def kernel_globals(plan: SparseAttentionPlan, extra: dict):
-    """The plan's compiled module (the same defines as `attention_function`)."""
-    cfg = plan.cfg
-    defines = (("HEAD_DIM", cfg.head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages),
-               ("PAIR", int(cfg.pair)), ("BLOCK_M", cfg.block_m)) + tuple(sorted(extra.items()))
+    """The compiled module the plan launches (its globals hold the diagnostic counters)."""
+    defines, _ = attention_defines(plan.cfg, plan.table.n_kv_blocks, extra)
     return compiled_module("sparse_attn_fwd.cu", defines, plan.device.index)
 
 

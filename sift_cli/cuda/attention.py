@@ -100,9 +100,10 @@ def attention_smem_bytes(cfg: KernelConfig, list_cap: int, tile_slots: int = TIL
     return 1024 + q + kv + barriers + slots + tile_slots * 4 * list_cap  # staged lists of packed 4-byte entries
 
 
-def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extra: dict | None = None
-                       ) -> tuple[int, int]:
-    """(CUfunction, dynamic shared memory bytes) for one configuration, compiled once per process."""
+def attention_defines(cfg: KernelConfig, list_cap: int, extra: dict | None = None
+                      ) -> tuple[tuple[tuple[str, int], ...], int]:
+    """(the kernel's compile-time defines, dynamic shared memory bytes) for one configuration and a prompt of
+    `list_cap` KV blocks; `extra` defines (diagnostic builds, variants) go in too."""
     defines = (("HEAD_DIM", cfg.head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages),
                ("PAIR", int(cfg.pair)), ("BLOCK_M", cfg.block_m))
     extra = dict(extra or {})
@@ -113,6 +114,13 @@ def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extr
     if smem > MAX_SMEM:
         raise SiftError(f"the prompt's {list_cap} KV blocks need {smem} bytes of shared memory, more than the GPU "
                         "has; use KV blocks of 128 (--block-n 128) for prompts this long")
+    return defines, smem
+
+
+def attention_function(cfg: KernelConfig, device_index: int, list_cap: int, extra: dict | None = None
+                       ) -> tuple[int, int]:
+    """(CUfunction, dynamic shared memory bytes) for one configuration, compiled once per process."""
+    defines, smem = attention_defines(cfg, list_cap, extra)
     key = (defines, device_index)
     func = _FUNCTIONS.get(key)
     if func is None:  # compiled once per process; its shared-memory limit raised once, to what the GPU allows

@@ -92,18 +92,25 @@ _MODULES: dict = {}
 
 
 def compiled_module(source_name: str, defines: tuple[tuple[str, int], ...], device_index: int):
+    """kernels/`source_name` compiled with `defines`, once per process."""
     key = (source_name, defines, device_index)
     mod = _MODULES.get(key)
     if mod is None:
-        cp = _cupy()
-        options = ("-arch=sm_90a", "-std=c++17") + tuple(f"-D{k}={v}" for k, v in defines)
-        try:
-            with cp.cuda.Device(device_index):
-                mod = cp.RawModule(code=kernel_source(source_name), options=options)
-                mod.compile()
-        except Exception as exc:
-            raise SiftError(f"compiling kernels/{source_name} ({' '.join(options)}) failed: {exc}") from None
-        _MODULES[key] = mod
+        mod = _MODULES[key] = compile_source(kernel_source(source_name), defines, device_index,
+                                             f"kernels/{source_name}")
+    return mod
+
+
+def compile_source(text: str, defines: tuple[tuple[str, int], ...], device_index: int, what: str):
+    """A CuPy RawModule of `text` (includes inlined already) for sm_90a with `defines`; what: for errors."""
+    cp = _cupy()
+    options = ("-arch=sm_90a", "-std=c++17") + tuple(f"-D{k}={v}" for k, v in defines)
+    try:
+        with cp.cuda.Device(device_index):
+            mod = cp.RawModule(code=text, options=options)
+            mod.compile()
+    except Exception as exc:
+        raise SiftError(f"compiling {what} ({' '.join(options)}) failed: {exc}") from None
     return mod
 
 
