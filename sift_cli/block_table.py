@@ -60,7 +60,7 @@ class BlockTable(DeviceTensors):
             segments.append((layout.docs_end, layout.suffix_len, n_docs))
         kv_start, kv_len, kv_doc = _cut(segments, block_n)
         if query_blocks == "segment":
-            q_start, q_len, _ = _cut(segments, block_m)
+            q_start, q_len, _ = (kv_start, kv_len, None) if block_m == block_n else _cut(segments, block_m)
         else:
             q_start = np.arange(0, layout.seq_len, block_m, dtype=np.int32)
             q_len = np.minimum(block_m, layout.seq_len - q_start).astype(np.int32)

@@ -65,4 +65,8 @@ class DeviceTensors:
         return dataclasses.replace(self, **dict(zip(self.TENSORS, tensors)))
 
     def to(self, device):
-        return self.with_tensors(to_device(self.tensors(), device))
+        device = torch.device(device)
+        tensors = self.tensors()
+        if all(t.device == device for t in tensors):
+            return self
+        return self.with_tensors(to_device(tensors, device))

@@ -15,7 +15,8 @@ def _tensors():
             torch.randint(-2**40, 2**40, (7,), generator=g, dtype=torch.int64),
             torch.randn(4, 6, generator=g).t(),  # not contiguous
             torch.tensor(True),
-            torch.randn(3, generator=g, dtype=torch.float64)]
+            torch.randn(3, generator=g, dtype=torch.float64),
+            torch.randn(5, generator=g).to(torch.bfloat16)]
 
 
 def _same(moved, originals, device):

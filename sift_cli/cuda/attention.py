@@ -219,7 +219,8 @@ class SparseAttentionPlan:
     def _layer_pointers(self) -> list[tuple[int, ...]]:
         """Per layer, the addresses of its lists and work order (looked up once, not per call)."""
         def rows(t: torch.Tensor) -> list[int]:  # addresses of t[0], t[1], ... without a view of each
-            return [t.data_ptr() + i * t.stride(0) * t.element_size() for i in range(t.shape[0])]
+            base, step = t.data_ptr(), t.stride(0) * t.element_size()
+            return [base + i * step for i in range(t.shape[0])]
 
         w = self.work
         return list(zip(*(rows(t) for t in (self.offsets, self.indices, w["tile_order"], w["n_active"], w["cap"],

@@ -72,7 +72,11 @@ class CudaDecoder:
             x = getattr(bits, name)
             if x.device != self.device:
                 raise SiftError("all PromptBits tensors must be on one device (PromptBits.to(device))")
-            t[name] = x.to(dt).contiguous() if x.numel() else torch.zeros(1, dtype=dt, device=self.device)
+            if not x.numel():
+                x = torch.zeros(1, dtype=dt, device=self.device)
+            elif x.dtype != dt or not x.is_contiguous():
+                x = x.to(dt).contiguous()
+            t[name] = x
         self._keep = t
         tab = self.table
         M, N, n = tab.n_query_blocks, tab.n_kv_blocks, len(self.layers)

@@ -81,11 +81,19 @@ def _cupy():
 def check_device(t: torch.Tensor, what: str = "input") -> None:
     if not t.is_cuda:
         raise SiftError(f"the cuda backend needs {what} on a CUDA device, got {t.device}")
-    major, minor = torch.cuda.get_device_capability(t.device)
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    major, minor = _capability(index)
     if (major, minor) != (9, 0):
         name = torch.cuda.get_device_name(t.device)
         raise SiftError(f"the cuda backend's kernels are built for Hopper (sm_90a); {name} is sm_{major}{minor}. "
                         "Use --backend flex or reference")
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    """The device's compute capability, asked once: each prompt's preparation checks its tensors' device twice,
+    and torch's getter builds the device's whole property record every time."""
+    return torch.cuda.get_device_capability(device_index)
 
 
 _MODULES: dict = {}
