@@ -124,7 +124,7 @@ def prepare_sparse(lm: LoadedModel, bits: PromptBits, table: BlockTable, backend
         block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder, spec)
         attend = backend.prepare(table, block_lists, stacked, ready=ready)
         ready.record(side)
-    return SparsePlan(backend.name, table, block_lists, attend)
+    return SparsePlan(backend.name, table, block_lists, attend, getattr(attend, "model_layout", None))
 
 
 def strongest_sdpa(device: torch.device):

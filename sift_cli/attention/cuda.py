@@ -56,24 +56,39 @@ class CudaBackend:
         return WorkSpec(cfg.per_step, persistent_ctas(cfg, table.n_kv_blocks, torch.device(device)),
                         SPLIT_MAX if self.split else 1, SPLIT_MIN_BLOCKS)
 
-    def prepare(self, table, block_lists: list[BlockLists], stacked=None, ready=None):
+    def prepare(self, table, block_lists: list[BlockLists], stacked=None, ready=None) -> "PlannedAttention":
         """attend(layer, q, k, v, scale) over every layer's lists, launched through one SparseAttentionPlan (built
         at the first call, when the heads and head dim are known). stacked: (offsets, indices[, work]) of all
         layers from one decode; the work order is the plan's unless the decoder computed it (`work_spec`).
         ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
         offsets, indices = stacked[:2] if stacked is not None else stack_block_lists(block_lists)
         work = stacked[2] if stacked is not None and len(stacked) > 2 else None  # else the plan computes it
-        state: dict = {}
+        return PlannedAttention(table, offsets, indices, work, self.pair, self.split, ready)
 
-        def attend(layer, q, k, v, scale):
-            plan = state.get("plan")
-            if plan is None:
-                if q.dtype != torch.bfloat16:
-                    raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
-                if ready is not None:
-                    torch.cuda.current_stream(q.device).wait_event(ready)
-                plan = state["plan"] = SparseAttentionPlan(table, offsets, indices, q.shape[0], k.shape[0],
-                                                           q.shape[2], scale, self.pair, self.split, work=work)
-            return plan(layer, q, k, v, scale=scale)
 
-        return attend
+class PlannedAttention:
+    """One prompt's attention for every layer through one SparseAttentionPlan, built at the first call:
+    `attend(layer, q [H, L, D], k, v [H_kv, L, D], scale)` → an [H, L, D]-indexed tensor, and `model_layout`,
+    the same in a Hugging Face attention function's layouts ([1, H, L, D] in, [1, L, H, D] out, no views)."""
+
+    def __init__(self, table, offsets, indices, work, pair, split, ready):
+        self.table, self.offsets, self.indices, self.work = table, offsets, indices, work
+        self.pair, self.split, self.ready = pair, split, ready
+        self.plan: SparseAttentionPlan | None = None
+
+    def _build(self, q: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int, scale: float):
+        if q.dtype != torch.bfloat16:
+            raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
+        if self.ready is not None:
+            torch.cuda.current_stream(q.device).wait_event(self.ready)
+        self.plan = SparseAttentionPlan(self.table, self.offsets, self.indices, n_heads, n_kv_heads, head_dim, scale,
+                                        self.pair, self.split, work=self.work)
+        return self.plan
+
+    def __call__(self, layer, q, k, v, scale):
+        plan = self.plan or self._build(q, q.shape[0], k.shape[0], q.shape[2], scale)
+        return plan(layer, q, k, v, scale=scale)
+
+    def model_layout(self, layer, query, key, value, scale):
+        plan = self.plan or self._build(query, query.shape[1], key.shape[1], query.shape[3], scale)
+        return plan.model_call(layer, query, key, value, scale=scale)

@@ -38,6 +38,9 @@ class SparsePlan:
     table: BlockTable
     block_lists: list[BlockLists] = field(repr=False)  # one per layer
     attend: Attend = field(repr=False)
+    # the same in the layouts of the model's attention call (query [1, H, L, D], key/value [1, H_kv, L, D] →
+    # [1, L, H, D]), where the backend has it: the forward then makes no view per layer
+    attend_model: Attend | None = field(default=None, repr=False)
 
 
 def _dense(query, key, value, scaling):
@@ -61,6 +64,8 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
         return _dense(query, key, value, scaling).transpose(1, 2), None
     if query.shape[0] != 1:
         raise ValueError("sparse prefill runs one prompt at a time (batch 1)")
+    if plan.attend_model is not None:
+        return plan.attend_model(module.layer_idx, query, key, value, scaling), None
     out = plan.attend(module.layer_idx, query[0], key[0], value[0], scaling)  # [H, L, D]-indexed
     return out.transpose(0, 1).unsqueeze(0), None  # the model reshapes (and copies only if it must)
 
@@ -75,7 +80,7 @@ def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stac
     else:
         def attend(layer, q, k, v, scale):
             return backend.forward(q, k, v, block_lists[layer], scale)
-    return SparsePlan(backend.name, table, block_lists, attend)
+    return SparsePlan(backend.name, table, block_lists, attend, getattr(attend, "model_layout", None))
 
 
 def sparse_attention(model, plan: SparsePlan):

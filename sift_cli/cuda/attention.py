@@ -195,7 +195,8 @@ class SparseAttentionPlan:
         self.scale = scale
         self._templates: dict[str, TensorMapTemplate] = {}  # q, k, v descriptors, re-targeted per call
         self._launch: PackedLaunch | None = None
-        self._strides: tuple = ()
+        self._strides: tuple = ()  # q, k, v strides the launch was packed for ([H, L, D] views)
+        self._model_shapes: tuple = ()  # model_call's [1, H, L, D] inputs' shapes and strides the launch fits
         self._pointers: list[tuple[int, ...]] = []
 
     def _prepare_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> PackedLaunch:
@@ -236,42 +237,71 @@ class SparseAttentionPlan:
 
         After the first call a layer costs a few microseconds of host time: the descriptors are re-targeted (their
         shapes and strides are checked against the first call's), a handful of arguments change, one launch."""
-        launch = self._launch
-        if (launch is None or (q.stride(), k.stride(), v.stride()) != self._strides or q.shape[1] != self.L
+        q, k, v = self._ready(q, k, v, (q.stride(), k.stride(), v.stride()))
+        target = None  # a caller's `out` the kernel cannot store into with 16-byte stores: copied into at the end
+        if out is not None and not vector_aligned(out):
+            target, out = out, None
+        if out is None:
+            out = torch.empty(self.L, self.H, self.D, dtype=torch.bfloat16, device=self.device).transpose(0, 1)
+        self._launch_layer(layer, (q.data_ptr(), k.data_ptr(), v.data_ptr()), out.data_ptr(), out.stride(1),
+                           out.stride(0), lse, scale)
+        if target is not None:
+            return target.copy_(out)
+        return out
+
+    def model_call(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   scale: float | None = None) -> torch.Tensor:
+        """The same attention in the layouts of a Hugging Face attention function: query [1, H, L, D], key/value
+        [1, H_kv, L, D] → [1, L, H, D] (what the model reshapes for o_proj). A layer's call makes no view of its
+        inputs or output: at a microsecond or two each, six views were a third of a small model's per-layer host
+        time. Inputs the kernel cannot read as they are take `__call__`'s path (copied first)."""
+        shapes = (query.shape, key.shape, query.stride(), key.stride(), value.stride())
+        ptrs = (query.data_ptr(), key.data_ptr(), value.data_ptr())
+        if shapes != self._model_shapes or (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
+            q, k, v = query[0], key[0], value[0]
+            if (ptrs[0] | ptrs[1] | ptrs[2]) & 15 or any(_tma_ready(t) is not t for t in (q, k, v)):
+                return self(layer, q, k, v, scale=scale).transpose(0, 1).unsqueeze(0)
+            self._ready(q, k, v, (q.stride(), k.stride(), v.stride()))
+            self._model_shapes = shapes
+        out = torch.empty(1, self.L, self.H, self.D, dtype=torch.bfloat16, device=self.device)
+        self._launch_layer(layer, ptrs, out.data_ptr(), self.H * self.D, self.D, None, scale)
+        return out
+
+    def _ready(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, strides: tuple) -> tuple:
+        """q, k, v as the kernel can read them; the launch packed at the first call or when the strides change."""
+        if (self._launch is None or strides != self._strides or q.shape[1] != self.L
                 or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
             q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
             _check_qkv(q, k, v)
             if q.shape[1] != self.L or q.shape[0] != self.H or k.shape[0] != self.H_kv or q.shape[2] != self.D:
                 raise SiftError(f"the plan is for H={self.H}, H_kv={self.H_kv}, L={self.L}, D={self.D}; attention "
                                 f"has q {tuple(q.shape)}, k {tuple(k.shape)}")
-            launch = self._launch = self._prepare_launch(q, k, v)
+            self._launch = self._prepare_launch(q, k, v)
             self._pointers = self._layer_pointers()
+            self._model_shapes = ()  # model_call checks its inputs against the new launch
+        return q, k, v
+
+    def _launch_layer(self, layer: int, qkv_ptrs: tuple[int, int, int], out_ptr: int, row_stride: int,
+                      head_stride: int, lse: torch.Tensor | None, scale: float | None) -> None:
+        """Re-target the descriptors at q, k, v (addresses of views with the packed launch's strides) and launch
+        layer `layer`, writing out[h, row] at out_ptr + (row * row_stride + h * head_stride) * 2 bytes."""
+        launch = self._launch
         if scale is not None and scale != self.scale:
             self.scale = scale
             launch.set("scale_log2", scale * math.log2(math.e))
         values = launch.values
-        target = None  # a caller's `out` the kernel cannot store into with 16-byte stores: copied into at the end
-        if out is not None and not vector_aligned(out):
-            target, out = out, None
-        if out is None:
-            out = torch.empty(self.L, self.H, self.D, dtype=torch.bfloat16, device=self.device).transpose(0, 1)
-            values["out_row_stride"].value, values["out_head_stride"].value = self.H * self.D, self.D
-        else:
-            values["out_row_stride"].value, values["out_head_stride"].value = out.stride(1), out.stride(0)
+        values["out_row_stride"].value, values["out_head_stride"].value = row_stride, head_stride
         tpl = self._templates
-        tpl["q"].point(q.data_ptr())
-        tpl["k"].point(k.data_ptr())
-        tpl["v"].point(v.data_ptr())
-        values["out"].value = out.data_ptr()
+        tpl["q"].point(qkv_ptrs[0])
+        tpl["k"].point(qkv_ptrs[1])
+        tpl["v"].point(qkv_ptrs[2])
+        values["out"].value = out_ptr
         values["lse"].value = lse.data_ptr() if lse is not None else 0
         values["write_lse"].value = 1 if lse is not None else 0
         (values["offsets"].value, values["indices"].value, values["tile_order"].value, values["n_active"].value,
          values["split_cap"].value, values["split_slot"].value) = self._pointers[layer]
         if self.L:
             launch(stream_handle(self.device))
-        if target is not None:
-            return target.copy_(out)
-        return out
 
 
 def vector_aligned(out: torch.Tensor) -> bool:

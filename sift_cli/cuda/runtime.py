@@ -219,14 +219,30 @@ def address_patchable(device_index: int) -> bool:
     return same_rest and all(w[0] == p0 + off for w, off in zip(words, (0, 4096, 65536)))
 
 
+_ENCODED: dict = {}  # (device, shape, strides, box rows) → a descriptor's bytes, where addresses are patchable
+
+
 class TensorMapTemplate:
-    """A TMA descriptor for views of one shape and strides; `point(ptr)` re-targets it at another tensor."""
+    """A TMA descriptor for views of one shape and strides; `point(ptr)` re-targets it at another tensor. Where
+    the driver stores the address verbatim, a descriptor once encoded is copied and re-targeted instead of encoded
+    again (K and V of one layer share a shape; so do the layers of prompts of one length)."""
 
     def __init__(self, t: torch.Tensor, box_rows: int):
         self.key = (tuple(t.shape), tuple(t.stride()), box_rows)
-        self.map = encode_tensor_map(t.data_ptr(), *self.key)
-        self._word0 = ctypes.c_uint64.from_buffer(self.map, 0)
         self.patch = address_patchable(t.device.index)
+        cache_key = (t.device.index, *self.key)
+        encoded = _ENCODED.get(cache_key) if self.patch else None
+        if encoded is None:
+            self.map = encode_tensor_map(t.data_ptr(), *self.key)
+            if self.patch:
+                if len(_ENCODED) >= 256:
+                    _ENCODED.clear()
+                _ENCODED[cache_key] = bytes(self.map)
+        else:
+            self.map = TensorMap.from_buffer_copy(encoded)
+        self._word0 = ctypes.c_uint64.from_buffer(self.map, 0)
+        if encoded is not None:
+            self._word0.value = t.data_ptr()
 
     def matches(self, t: torch.Tensor) -> bool:
         return (tuple(t.shape), tuple(t.stride())) == self.key[:2]

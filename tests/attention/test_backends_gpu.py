@@ -132,13 +132,15 @@ def test_smollm2_cuda_prefill_equals_reference(tmp_path, smol_gpu):
         plan = prepare_sparse(smol_gpu, bits, table, CudaBackend(), "cuda")
         worst = []
 
-        def checked(layer, q, k, v, scale, attend=plan.attend, lists=plan.block_lists):
-            out = attend(layer, q, k, v, scale)
-            want = block_sparse_attention(q.float(), k.float(), v.float(), lists[layer], scale)
-            worst.append(float(((out.float() - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-20)).max()))
+        def checked(layer, q, k, v, scale, attend=plan.attend_model, lists=plan.block_lists):
+            out = attend(layer, q, k, v, scale)  # the model's layouts: [1, H, L, D] in, [1, L, H, D] out
+            want = block_sparse_attention(q[0].float(), k[0].float(), v[0].float(), lists[layer], scale)
+            got = out[0].transpose(0, 1).float()
+            worst.append(float(((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-20)).max()))
             return out
 
-        plan.attend = checked
+        assert plan.attend_model is not None  # the path the model's forward takes
+        plan.attend_model = checked
         with torch.inference_mode():
             _forward(smol_gpu, x, sparse_attention(smol_gpu.model, plan))
         assert len(worst) == smol_gpu.n_layers and max(worst) < ROW_BOUND, (block_m, worst)

@@ -79,6 +79,15 @@ def test_backend_and_plan_on_model_layout(block_m):
         o = attend(layer, q, k, v, scale)
         assert o.transpose(0, 1).is_contiguous()  # [L, H, D] memory: o_proj reads it as is
         assert torch.equal(o, out)
+    # the attention function's layouts ([1, H, L, D] in, [1, L, H, D] out), mixed with the [H, L, D] calls and
+    # with inputs the kernel cannot read as they are (an odd start: copied, then the fast path again)
+    model = CudaBackend().prepare(table, [blocks, blocks])
+    odd = torch.empty(L * H * D + 1, device="cuda", dtype=torch.bfloat16)[1:].view(L, H, D).transpose(0, 1)
+    odd.copy_(q)
+    for query in (q[None], q[None], odd[None], q[None]):
+        o = model.model_layout(1, query, k[None], v[None], scale)
+        assert o.shape == (1, L, H, D) and o.is_contiguous() and torch.equal(o[0].transpose(0, 1), out)
+        assert torch.equal(model(0, q, k, v, scale), out)
 
 
 def test_plan_regrouped_for_l2_captures_in_a_graph():
@@ -147,3 +156,19 @@ def test_decode_kernel_awkward_and_long():
             for bm in (128, 64):
                 r = decode_case(bits, bn, block_m=bm)
                 assert r["ok"], r
+
+
+def test_tensor_map_template_copied_from_the_cache_equals_a_fresh_encode():
+    """A descriptor re-used from the cache for a view of the same shape and strides at another address is the one
+    the driver encodes for that address, byte for byte."""
+    from sift_cli.cuda.runtime import TensorMapTemplate, address_patchable, encode_tensor_map
+
+    base = torch.empty(3, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    other = torch.empty(3, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    for box in (64, 128):
+        first, second = TensorMapTemplate(base, box), TensorMapTemplate(other, box)
+        for t, tpl in ((base, first), (other, second)):
+            fresh = encode_tensor_map(t.data_ptr(), tuple(t.shape), tuple(t.stride()), box)
+            assert bytes(tpl.map) == bytes(fresh)
+        second.point(base.data_ptr())
+        assert bytes(second.map) == bytes(first.map) or not address_patchable(base.device.index)
