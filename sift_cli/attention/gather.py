@@ -62,11 +62,11 @@ def _attend_shared(q, k, v, scale):
     return out.view(G, R, -1), lse.view(G, R)
 
 
-def _merge(o1, l1, o2, l2):
-    """Two partial softmaxes over disjoint keys → the one over all of them; l2 is finite (every row sees its own
-    key in the near part)."""
+def _merge_into(o2, l2, o1, l1):
+    """Two partial softmaxes over disjoint keys → the one over all of them, written over (o2, l2) in place and
+    returned; l2 is finite (every row sees its own key in the near part)."""
     d = l1 - l2
-    return torch.lerp(o2, o1, torch.sigmoid(d)[..., None]), l2 + F.softplus(d)
+    return o2.lerp_(o1, torch.sigmoid(d)[..., None]), l2.add_(F.softplus(d))
 
 
 def _masked(q, kg, vg, keys, rows, scale):
@@ -202,7 +202,7 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
             b = min(r1, a + CAUSAL_CHUNK)
             o, lo = causal(hs, a, b)
             if a > r0:
-                o, lo = _merge(*span(hs, a, b, r0, a, False), o, lo)
+                _merge_into(o, lo, *span(hs, a, b, r0, a, False))
             o_all[pick(hs), a:b], l_all[pick(hs), a:b] = o, lo
 
     def shared(hs, g, r0, r1, kbs):  # heads hs of KV head g, rows [r0, r1) over blocks kbs, no mask
@@ -242,8 +242,8 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
         for (far, g), hs in far_of.items():
             idx = pick([slot[h] for h in hs])
             o, lo = o_near[idx], l_near[idx]
-            if far:
-                o, lo = _merge(*shared(hs, g, r0, r1, far), o, lo)
+            if far:  # each head's rows of o_near are merged once: in place
+                _merge_into(o, lo, *shared(hs, g, r0, r1, far))
             o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1] = o, lo
         for h, listed in split.general.get(m, ()):
             keys = keys_of(listed)
@@ -264,8 +264,12 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
                     runs.setdefault((q_start[m], q_start[e - 1] + q_len[e - 1], cross, h // group), []).append(h)
                 m = e
     for (r0, r1, cross, g), hs in runs.items():
-        o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1] = _merge(*shared(hs, g, r0, r1, cross),
-                                                                o_all[pick(hs), r0:r1], l_all[pick(hs), r0:r1])
+        at = pick(hs)
+        if isinstance(at, slice):  # views of the outputs: merged in place
+            _merge_into(o_all[at, r0:r1], l_all[at, r0:r1], *shared(hs, g, r0, r1, cross))
+        else:
+            o_all[at, r0:r1], l_all[at, r0:r1] = _merge_into(o_all[at, r0:r1], l_all[at, r0:r1],
+                                                             *shared(hs, g, r0, r1, cross))
     if o_all is not out:
         out.copy_(o_all)
     if l_all is not lse:
