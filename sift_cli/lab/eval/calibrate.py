@@ -111,14 +111,15 @@ def advice(target: Target, evaluated: list[dict]) -> str:
         recalls = [r.get("recall") for r in evaluated if r.get("recall") is not None]
         if recalls:
             reached.append(f"recall {max(recalls):.2%} at best (target >= {target.min_recall:.2%})")
-    measured = "; ".join(reached)
     if densest["density"] >= 0.98:
-        return (f"{measured}; the densest candidate already computes {densest['density']:.0%} of the attention "
-                f"cells, so denser ones cannot do much better on this model — loosen the target")
-    return (f"{measured}; the densest candidate computes {densest['density']:.0%} of the cells — loosen the "
-            f"target, or add denser candidates (smaller --alphas, --betas or --gammas than "
-            f"{min(r['alpha'] for r in evaluated):g}, {min(r['beta'] for r in evaluated):g}, "
-            f"{min(r['gamma'] for r in evaluated):g}, or a smaller --tiles)")
+        reached.append(f"the densest candidate already computes {densest['density']:.0%} of the attention cells, "
+                       "so denser ones cannot do much better on this model — loosen the target")
+    else:
+        reached.append(f"the densest candidate computes {densest['density']:.0%} of the cells — loosen the target, "
+                       f"or add denser candidates (smaller --alphas, --betas or --gammas than "
+                       f"{min(r['alpha'] for r in evaluated):g}, {min(r['beta'] for r in evaluated):g}, "
+                       f"{min(r['gamma'] for r in evaluated):g}, or a smaller --tiles)")
+    return "; ".join(reached)
 
 
 def read_queries(path: Path | None) -> list[str] | None:
