@@ -121,6 +121,12 @@ class PromptBits(DeviceTensors):
         """Indices of the documents without bits."""
         return [d for d, flag in enumerate(self.doc_dense.tolist()) if flag]
 
+    def dense_share(self) -> float:
+        """The share of the documents' tokens without bits (computed densely); 0 without documents."""
+        lengths = [d.n_tokens for d in self.layout.docs]
+        dense = sum(n for n, flag in zip(lengths, self.doc_dense.tolist()) if flag)
+        return dense / sum(lengths) if sum(lengths) else 0.0
+
     def nbytes(self) -> int:
         return int(self.la.numel() + self.ca.numel())
 

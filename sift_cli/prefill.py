@@ -67,13 +67,15 @@ def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
                                warmup=d["warmup"] if opts.warmup is None else opts.warmup)
 
 
-def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int) -> PrefillOptions:
+def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int, dense_share: float = 0.0
+                ) -> PrefillOptions:
     """`opts` with an unset query block size set to the one the backend runs this prompt best with (its
-    `query_block_rows`: the CUDA kernel's 64 or 128, the gather backend's 512), or 128 rows."""
+    `query_block_rows`: the CUDA kernel's 64 or 128, the gather backend's 512), or 128 rows. dense_share: the
+    prompt's share of document tokens without bits (`PromptBits.dense_share`)."""
     if opts.block_m is not None:
         return opts
     rows = getattr(backend, "query_block_rows", None)
-    return dataclasses.replace(opts, block_m=rows(head_dim, seq_len) if rows else DEFAULT_BLOCK_M)
+    return dataclasses.replace(opts, block_m=rows(head_dim, seq_len, dense_share) if rows else DEFAULT_BLOCK_M)
 
 
 def sync_device(device) -> None:
@@ -230,7 +232,7 @@ def prompt_table(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBi
 @torch.inference_mode()
 def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                    decoder: str = "torch") -> SparseRun:
-    opts = for_backend(opts, backend, lm.head_dim, len(prompt.input_ids))
+    opts = for_backend(opts, backend, lm.head_dim, len(prompt.input_ids), prompt.bits.dense_share())
     marks = []
 
     def run():
@@ -299,7 +301,8 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
     progress: optional callable(done, total) called after every forward. Unset repeat and warmup take the
     device's defaults (`timing_defaults`)."""
     backend = get_backend(opts.backend, lm.device)
-    opts = for_backend(with_device_defaults(opts, lm.device), backend, lm.head_dim, len(prompt.input_ids))
+    opts = for_backend(with_device_defaults(opts, lm.device), backend, lm.head_dim, len(prompt.input_ids),
+                       prompt.bits.dense_share())
     decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
     total = (max(0, opts.warmup) + max(1, opts.repeat)) * 2

@@ -51,6 +51,11 @@ def test_query_block_rows_follow_the_backend_unless_set():
     assert for_backend(PrefillOptions(), GatherBackend(), 64, 4096).block_m == 512
     assert for_backend(PrefillOptions(), ReferenceBackend(), 64, 4096).block_m == 128
     assert for_backend(PrefillOptions(block_m=128), CudaBackend(), 64, 4096).block_m == 128
+    # a prompt with enough unprofiled document tokens (computed densely) takes 128 rows at head_dim 128
+    assert for_backend(PrefillOptions(), CudaBackend(), 128, 16384, 0.2).block_m == 128
+    assert for_backend(PrefillOptions(), CudaBackend(), 128, 16384, 0.05).block_m == 64
+    assert for_backend(PrefillOptions(), CudaBackend(), 64, 16384, 1.0).block_m == 64
+    assert for_backend(PrefillOptions(), GatherBackend(), 64, 4096, 1.0).block_m == 512
 
 
 def test_all_bits_set_equals_dense_to_fp32_rounding(tiny_lm, all_bits):
@@ -122,3 +127,15 @@ def test_prefill_cli_json_and_bad_input(tmp_path, tiny_ckpt, all_bits, capsys):
     docs.write_text("doc03\nmissing-doc\n")
     code, _, err = run(capsys, *args)
     assert_one_line_error(code, err, "missing-doc")
+
+
+def test_dense_share_counts_the_unprofiled_documents_tokens():
+    import numpy as np
+
+    from sift_cli.layout import PromptLayout, random_prompt_bits
+
+    lay = PromptLayout.build(16, ["a", "b", "c"], [100, 300, 600], 5)
+    rng = np.random.default_rng(0)
+    assert random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng)[0].dense_share() == 0.0
+    assert random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={1})[0].dense_share() == 0.3
+    assert random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={0, 1, 2})[0].dense_share() == 1.0

@@ -17,6 +17,9 @@ class CudaBackend:
 
     name = "cuda"
     LONG_PROMPT = 49152  # from here on, at head_dim 128, 128-row blocks' throughput outweighs their extra cells
+    # at head_dim 128, 128-row blocks from this share of unprofiled document tokens on: measured 1.5-7 % faster
+    # TTFT with 19-100 % unprofiled, 0.5 % slower with none (8B-shaped, 16K and 32K, docs/benchmarks.md)
+    DENSE_SHARE = 0.10
     waits_for_ready = True  # prepare(..., ready=event): its lists may still be decoding on a side stream
 
     def __init__(self, pair: bool | None = None, split: bool = True):
@@ -43,12 +46,15 @@ class CudaBackend:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
         return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split)
 
-    def query_block_rows(self, head_dim: int, seq_len: int) -> int:
+    def query_block_rows(self, head_dim: int, seq_len: int, dense_share: float = 0.0) -> int:
         """The query block size this kernel runs a prompt fastest with (measured, docs/kernels.md): 64 rows (a
-        block is one 64-token tile row, so no cell outside the bits is computed; two CTAs share an SM), except
-        for long prompts at head_dim 128, where 64-row tiles' doubled K/V traffic costs more than the union
-        of two tile rows' blocks."""
-        return 128 if head_dim == 128 and seq_len >= self.LONG_PROMPT else 64
+        block is one 64-token tile row, so no cell outside the bits is computed; two CTAs share an SM), except at
+        head_dim 128 for long prompts, where 64-row tiles' doubled K/V traffic costs more than the union of two
+        tile rows' blocks, and for prompts with a `dense_share` of their document tokens unprofiled (computed
+        densely: their blocks are all listed, so a 128-row block adds few cells) of DENSE_SHARE or more."""
+        if head_dim != 128:
+            return 64
+        return 128 if seq_len >= self.LONG_PROMPT or dense_share >= self.DENSE_SHARE else 64
 
     def work_spec(self, table, device, head_dim: int) -> WorkSpec:
         """What this backend's work order needs, for a CUDA decoder that computes it with the lists."""

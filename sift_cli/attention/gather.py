@@ -287,7 +287,7 @@ class GatherBackend:
     def __init__(self, compute_dtype: torch.dtype = torch.float32):
         self.compute_dtype = compute_dtype
 
-    def query_block_rows(self, head_dim: int, seq_len: int) -> int:
+    def query_block_rows(self, head_dim: int, seq_len: int, dense_share: float = 0.0) -> int:
         """512 rows (measured on the demo's prompts, docs/benchmarks.md): the CPU flash op costs less per cell on
         long query runs, and every query block adds python and indexing work, so 512-row blocks ran the demo's
         layers as fast as SDPA's causal kernel over every cell, where 128-row blocks were 10 % slower; the union

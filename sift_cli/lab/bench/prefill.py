@@ -215,7 +215,7 @@ class _CaseRun:
             backend = ReferenceBackend(rows=BAND_ROWS)
         decoder = choose_decoder(dev)
         opts = for_backend(PrefillOptions(block_m=block_m, block_n=self.block_n, query_blocks=self.query_blocks),
-                           backend, lm.head_dim, self.L)
+                           backend, lm.head_dim, self.L, prompt.bits.dense_share())
         if self.cuda_graphs:
             ttft, runs_ms, transfer, decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
                 prompt, backend, opts, decoder)
