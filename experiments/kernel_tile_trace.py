@@ -22,7 +22,8 @@ import math
 import numpy as np
 import torch
 
-from sift_cli.cuda.attention import SparseAttentionPlan, attention_defines
+from sift_cli.cuda.attention import attention_defines
+from sift_cli.cuda.plan import SparseAttentionPlan
 from sift_cli.cuda.runtime import compiled_module
 from sift_cli.lab.bench.attention_kernels import (block_lists_flops, cudnn_dense_fn, model_layout_inputs, time_ms,
                                                   variant_layouts)

@@ -17,7 +17,7 @@ import math
 import torch
 
 from sift_cli.block_lists import computed_cells
-from sift_cli.cuda.attention import SparseAttentionPlan
+from sift_cli.cuda.plan import SparseAttentionPlan
 from sift_cli.cuda.runtime import l2_bytes
 from sift_cli.cuda.work_order import l2_group
 from sift_cli.lab.bench.attention_kernels import interleaved_ms, variant_cases

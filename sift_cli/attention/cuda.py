@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..cuda.attention import (SparseAttentionPlan, kernel_config, persistent_ctas, sparse_attention_forward,
-                              stack_block_lists)
+from ..cuda.attention import kernel_config, persistent_ctas
+from ..cuda.plan import SparseAttentionPlan, sparse_attention_forward, stack_block_lists
 from ..cuda.decode import WorkSpec
 from ..cuda.work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS
 from ..errors import SiftError

@@ -19,7 +19,7 @@ from ..attention.reference import block_sparse_attention
 from ..block_lists import block_lists_from_mask, decode_layer, dense_block_lists
 from ..block_table import BlockTable
 from ..layout import PromptBits, PromptLayout, random_prompt_bits
-from .attention import sparse_attention_forward
+from .plan import sparse_attention_forward
 from .work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS, work_order
 from .decode import CudaDecoder, WorkSpec, decode_layer_cuda
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sift_cli.cuda import attention as cuda_attention
+from sift_cli.cuda import plan as cuda_plan
 from sift_cli.cuda import runtime
 from sift_cli.errors import SiftError
 from tests.conftest import nvcc_path
@@ -140,7 +141,7 @@ def test_flex_block_mask_matches_reference():
 def test_vector_aligned_outputs():
     """The kernel stores 8 columns at once: views it can write directly, and those written through a buffer."""
     L, H, D = 5, 3, 64
-    assert cuda_attention.vector_aligned(torch.empty(L, H, D, dtype=torch.bfloat16).transpose(0, 1))
-    assert cuda_attention.vector_aligned(torch.empty(H, L, D, dtype=torch.bfloat16))
-    assert not cuda_attention.vector_aligned(torch.empty(L, H, D + 1, dtype=torch.bfloat16)[..., 1:].transpose(0, 1))
-    assert not cuda_attention.vector_aligned(torch.empty(H, L, 2 * D, dtype=torch.bfloat16)[..., ::2])
+    assert cuda_plan.vector_aligned(torch.empty(L, H, D, dtype=torch.bfloat16).transpose(0, 1))
+    assert cuda_plan.vector_aligned(torch.empty(H, L, D, dtype=torch.bfloat16))
+    assert not cuda_plan.vector_aligned(torch.empty(L, H, D + 1, dtype=torch.bfloat16)[..., 1:].transpose(0, 1))
+    assert not cuda_plan.vector_aligned(torch.empty(H, L, 2 * D, dtype=torch.bfloat16)[..., ::2])

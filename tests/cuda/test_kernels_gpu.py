@@ -95,7 +95,7 @@ def test_plan_regrouped_for_l2_captures_in_a_graph():
     head at a time replays to the output of the eager plan in plain longest-first order, bit for bit."""
     import math
 
-    from sift_cli.cuda.attention import SparseAttentionPlan
+    from sift_cli.cuda.plan import SparseAttentionPlan
 
     L, H, H_kv, D = 1000, 8, 4, 128
     q = torch.randn(L, H, D, device="cuda", dtype=torch.bfloat16).transpose(0, 1)

@@ -32,7 +32,7 @@ from ...attention.base import BlockLists
 from ...attention.flex import FlexBackend
 from ...block_lists import allowed_cells, computed_cells
 from ...block_table import BlockTable
-from ...cuda.attention import SparseAttentionPlan
+from ...cuda.plan import SparseAttentionPlan
 from ...cuda.checks import document_layout, random_block_lists
 from ...cuda.decode import CudaDecoder
 from ...errors import SiftError
