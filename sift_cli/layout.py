@@ -123,9 +123,9 @@ class PromptBits(DeviceTensors):
 
     def dense_share(self) -> float:
         """The share of the documents' tokens without bits (computed densely); 0 without documents."""
-        lengths = [d.n_tokens for d in self.layout.docs]
-        dense = sum(n for n, flag in zip(lengths, self.doc_dense.tolist()) if flag)
-        return dense / sum(lengths) if sum(lengths) else 0.0
+        docs = self.layout.docs
+        total = sum(d.n_tokens for d in docs)
+        return sum(docs[i].n_tokens for i in self.dense_docs()) / total if total else 0.0
 
     def nbytes(self) -> int:
         return int(self.la.numel() + self.ca.numel())

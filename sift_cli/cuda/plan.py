@@ -39,9 +39,13 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, 
     return H, H_kv, L, D
 
 
+def _tma_readable(t: torch.Tensor) -> bool:
+    """Can TMA read the bf16 view t as it is: unit-stride head dim, 16-byte strides and start."""
+    return t.stride(-1) == 1 and all((s * 2) % 16 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
+
+
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    ok = t.stride(-1) == 1 and all((s * 2) % 16 == 0 for s in t.stride()[:-1]) and t.data_ptr() % 16 == 0
-    return t if ok else t.contiguous()
+    return t if _tma_readable(t) else t.contiguous()
 
 
 class SparseAttentionPlan:
@@ -148,7 +152,7 @@ class SparseAttentionPlan:
         ptrs = (query.data_ptr(), key.data_ptr(), value.data_ptr())
         if shapes != self._model_shapes or (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
             q, k, v = query[0], key[0], value[0]
-            if (ptrs[0] | ptrs[1] | ptrs[2]) & 15 or any(_tma_ready(t) is not t for t in (q, k, v)):
+            if not all(_tma_readable(t) for t in (q, k, v)):  # test only: the fallback copies
                 return self(layer, q, k, v, scale=scale).transpose(0, 1).unsqueeze(0)
             self._ready(q, k, v, (q.stride(), k.stride(), v.stride()))
             self._model_shapes = shapes
