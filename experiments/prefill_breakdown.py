@@ -22,17 +22,19 @@ import torch.nn.functional as F
 
 from sift_cli.attention import integration
 from sift_cli.attention.backends import get_backend
+from sift_cli.block_table import BlockTable
 from sift_cli.config import GPU_DEFAULTS, ProfileConfig
 from sift_cli.corpus import load_documents
 from sift_cli.lab.datasets import essay_records, long_essays, write_jsonl
-from sift_cli.models import load_model, prefix_token_ids, tokenize_documents
-from sift_cli.block_table import BlockTable
-from sift_cli.prefill import PrefillOptions, decode_all_layers, run_prefill
+from sift_cli.models import load_model
+from sift_cli.prefill import PrefillOptions, decode_all_layers
+from sift_cli.prefill_report import run_prefill
 from sift_cli.profile.forward import causal_sdpa
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
 from sift_cli.shards.inspection import inspect_shards
 from sift_cli.shards.reader import ShardSet
+from sift_cli.tokens import prefix_token_ids, tokenize_documents
 
 ON_GPU = asdict(GPU_DEFAULTS)  # the batch and statistics budget of a GPU run
 

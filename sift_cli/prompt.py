@@ -14,8 +14,9 @@ from .corpus import (JSONL_SUFFIXES, CorpusFormat, Document, Skipped, is_text_fi
                      record_document)
 from .errors import SiftError
 from .layout import PromptBits, PromptLayout
-from .models import DEFAULT_INSTRUCTION, LoadedModel, suffix_token_ids, tokenize_documents, tokenizer_info
+from .models import LoadedModel
 from .shards.reader import ShardSet
+from .tokens import DEFAULT_INSTRUCTION, suffix_token_ids, tokenize_documents, tokenizer_info
 
 NOT_PROFILED = "not profiled"
 TEXT_DIFFERS = "its text differs from the profiled one"

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONVERT = r"""
 import os, sys, time
 from pathlib import Path
-import sift_cli.models as m
+import sift_cli.gguf_cache as m
 
 def slow_fake_conversion(gguf, into):
     with open(os.environ["CONVERSIONS"], "a") as f:
@@ -21,7 +21,7 @@ def slow_fake_conversion(gguf, into):
     time.sleep(1.5)  # a reader that did not wait would see this half-written directory
     (into / "model.safetensors").write_bytes(b"w" * 1000)
 
-path = m._gguf_cached_dir(Path(sys.argv[1]), "ab" * 32, convert=slow_fake_conversion)
+path = m.gguf_cached_dir(Path(sys.argv[1]), "ab" * 32, convert=slow_fake_conversion)
 print(path, (path / "model.safetensors").stat().st_size)
 """
 
@@ -42,7 +42,7 @@ def test_processes_starting_together_convert_the_weights_once(tmp_path):
 
 
 def test_conversion_replaces_what_a_killed_one_left(tmp_path, monkeypatch):
-    from sift_cli import models
+    from sift_cli import gguf_cache
 
     monkeypatch.setenv("SIFT_CACHE_DIR", str(tmp_path))
     sha = "cd" * 32
@@ -57,27 +57,27 @@ def test_conversion_replaces_what_a_killed_one_left(tmp_path, monkeypatch):
         (into / "config.json").write_text("{}")
         (into / "model.safetensors").write_bytes(b"w")
 
-    path = models._gguf_cached_dir(tmp_path / "x.gguf", sha, convert=convert)
+    path = gguf_cache.gguf_cached_dir(tmp_path / "x.gguf", sha, convert=convert)
     assert path == root / sha[:24] and (path / "model.safetensors").is_file() and len(calls) == 1
     assert sorted(p.name for p in root.iterdir()) == [f".{sha[:24]}.lock", sha[:24]]
     assert oct(path.stat().st_mode & 0o777) == oct(root.stat().st_mode & 0o777)
-    assert models._gguf_cached_dir(tmp_path / "x.gguf", sha, convert=convert) == path and len(calls) == 1
+    assert gguf_cache.gguf_cached_dir(tmp_path / "x.gguf", sha, convert=convert) == path and len(calls) == 1
 
 
 def test_weights_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
-    from sift_cli import models
+    from sift_cli import gguf_cache
 
     monkeypatch.setenv("SIFT_CACHE_DIR", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"one")
     hashed = []
-    real = models.file_sha256
-    monkeypatch.setattr(models, "file_sha256", lambda p: hashed.append(p) or real(p))
-    first = models.gguf_sha256(gguf)
-    assert models.gguf_sha256(gguf) == first and len(hashed) == 1
+    real = gguf_cache.file_sha256
+    monkeypatch.setattr(gguf_cache, "file_sha256", lambda p: hashed.append(p) or real(p))
+    first = gguf_cache.gguf_sha256(gguf)
+    assert gguf_cache.gguf_sha256(gguf) == first and len(hashed) == 1
     time.sleep(0.01)
     gguf.write_bytes(b"two")  # same size, new contents
-    assert models.gguf_sha256(gguf) == real(gguf) != first and len(hashed) == 2
+    assert gguf_cache.gguf_sha256(gguf) == real(gguf) != first and len(hashed) == 2
 
 
 def test_compile_caches_go_under_the_sift_cache_unless_set(tmp_path, monkeypatch):

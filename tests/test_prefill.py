@@ -12,7 +12,8 @@ from sift_cli.block_table import BlockTable
 from sift_cli.config import ProfileConfig
 from sift_cli.errors import SiftError
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, dense_prefill, for_backend, run_prefill, sparse_prefill
+from sift_cli.prefill import PrefillOptions, dense_prefill, for_backend, sparse_prefill
+from sift_cli.prefill_report import run_prefill
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
 from sift_cli.shards.reader import ShardSet

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from sift_cli.corpus import CorpusFormat, render
-from sift_cli.models import load_model, prefix_token_ids, suffix_token_ids
+from sift_cli.models import load_model
 from sift_cli.prefill import dense_prefill
 from sift_cli.prefill_report import greedy_generate
 from sift_cli.sample import SAMPLE_QUESTIONS, sample_documents
+from sift_cli.tokens import prefix_token_ids, suffix_token_ids
 
 
 @pytest.mark.slow

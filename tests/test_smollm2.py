@@ -3,9 +3,10 @@
 import pytest
 
 from sift_cli.config import ProfileConfig
-from sift_cli.models import load_model, prefix_token_ids
+from sift_cli.models import load_model
 from sift_cli.profile.forward import profile_batch
 from sift_cli.sample import sample_documents
+from sift_cli.tokens import prefix_token_ids
 
 from .helpers import brute_force_bits, eager_attentions
 
@@ -43,8 +44,8 @@ def test_model_facts(smol):
 
 
 def _nq_or_skip():
-    from sift_cli.lab.datasets import data_dir, nq_records
     from sift_cli.errors import SiftError
+    from sift_cli.lab.datasets import data_dir, nq_records
 
     try:
         return nq_records(data_dir())
@@ -55,8 +56,9 @@ def _nq_or_skip():
 def test_nq_five_documents_same_first_token(smol, tmp_path):
     """A 5-passage NQ prompt: SIFT at the default thresholds gives the same first token as full recompute."""
     from sift_cli.lab.datasets import nq_items, nq_passages, write_jsonl
+    from sift_cli.prefill import PrefillOptions
+    from sift_cli.prefill_report import run_prefill
     from sift_cli.profile.job import profile_corpus
-    from sift_cli.prefill import PrefillOptions, run_prefill
     from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet
 
@@ -80,8 +82,8 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
 
     from sift_cli.attention.reference import ReferenceBackend
     from sift_cli.lab.datasets import write_jsonl
-    from sift_cli.profile.job import profile_corpus
     from sift_cli.prefill import PrefillOptions, dense_prefill, sparse_prefill
+    from sift_cli.profile.job import profile_corpus
     from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet
 
@@ -104,7 +106,8 @@ def test_nq_one_unprofiled_passage_among_ten(smol, tmp_path):
     from sift_cli.corpus import load_documents
     from sift_cli.lab.datasets import nq_items, nq_passages, write_jsonl
     from sift_cli.missing import profile_config_of
-    from sift_cli.prefill import PrefillOptions, run_prefill
+    from sift_cli.prefill import PrefillOptions
+    from sift_cli.prefill_report import run_prefill
     from sift_cli.profile.additions import add_documents
     from sift_cli.profile.job import profile_corpus
     from sift_cli.prompt import NOT_PROFILED, assemble

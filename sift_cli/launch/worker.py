@@ -24,10 +24,11 @@ from ..cache import use_shared_compile_caches  # noqa: E402
 from ..config import ProfileConfig, ResolvedConfig, resolve_profile_config  # noqa: E402
 from ..corpus import Corpus, CorpusFormat, load_corpus  # noqa: E402
 from ..errors import SiftError  # noqa: E402
-from ..models import LoadedModel, encode, load_model, prefix_token_ids  # noqa: E402
+from ..models import LoadedModel, load_model  # noqa: E402
 from ..profile.forward import launch_profile_batch  # noqa: E402
 from ..profile.job import STRICT_REMEDY, ProfileReport, profile_corpus  # noqa: E402
 from ..sample import resolve_corpus  # noqa: E402
+from ..tokens import encode, prefix_token_ids  # noqa: E402
 from .ranks import WorkerRank, check_num_shards, detect_rank, owned_shards, worker_device  # noqa: E402
 from .records import WorkerRecord  # noqa: E402
 

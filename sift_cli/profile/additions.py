@@ -21,9 +21,10 @@ from ..config import ProfileConfig
 from ..corpus import Document
 from ..errors import SiftError
 from ..launch.claims import BucketClaims
-from ..models import LoadedModel, tokenize_documents
+from ..models import LoadedModel
 from ..shards.files import ShardFile, skipped_documents, write_manifest, write_shard
 from ..shards.format import MANIFEST, part_name, shard_of, token_sha256
+from ..tokens import tokenize_documents
 from .job import check_compatible, profile_rows, shard_metadata
 
 NEW_SET_SHARDS = 8  # a set that grows a prompt at a time: small files, few rewritten per addition

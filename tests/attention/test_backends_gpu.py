@@ -18,7 +18,8 @@ from sift_cli.cuda.checks import ROW_BOUND, random_block_lists
 from sift_cli.lab.datasets import write_jsonl
 from sift_cli.models import load_model
 from sift_cli.prefill import (PrefillOptions, _forward, dense_prefill, for_backend, prepare_sparse, prompt_table,
-                              prompt_tensors, run_prefill, sparse_prefill)
+                              prompt_tensors, sparse_prefill)
+from sift_cli.prefill_report import run_prefill
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
 from sift_cli.sample import sample_documents

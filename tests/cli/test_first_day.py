@@ -132,7 +132,8 @@ def test_tables_off_a_terminal_keep_whole_values():
 
 
 def test_prefill_defaults_suit_the_device(tiny_lm, shard_set):
-    from sift_cli.prefill import PrefillOptions, run_prefill, timing_defaults, with_device_defaults
+    from sift_cli.prefill import PrefillOptions, timing_defaults, with_device_defaults
+    from sift_cli.prefill_report import run_prefill
     from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet
 

@@ -20,9 +20,10 @@ from ...bits import n_pages, pack_doc
 from ...config import resolve_profile_config
 from ...errors import SiftError
 from ...layout import PromptBits, PromptLayout, random_prompt_bits
-from ...models import LoadedModel, prefix_token_ids, suffix_token_ids, tokenize_documents
+from ...models import LoadedModel
 from ...profile.forward import profile_batch
 from ...prompt import Prompt, build_prompt
+from ...tokens import prefix_token_ids, suffix_token_ids, tokenize_documents
 from ..datasets import data_dir, essay_records
 from ..eval.prompt_sets import render_records
 from .llama import LLAMA31_8B_CONFIG, LLAMA31_8B_NAME, random_llama

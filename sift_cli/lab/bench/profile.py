@@ -37,10 +37,11 @@ from rich.table import Table
 from ...config import resolve_profile_config
 from ...corpus import CorpusFormat, load_documents
 from ...errors import SiftError, debug_enabled, error_line
-from ...models import load_model, prefix_token_ids, tokenize_documents
+from ...models import load_model
 from ...profile.batches import padded_batch, plan_batches
 from ...profile.job import profile_corpus
 from ...shards.files import list_parts
+from ...tokens import prefix_token_ids, tokenize_documents
 from ..datasets import data_dir as find_data, essay_records, nq_passages, nq_records, write_jsonl
 from .llama import LLAMA3_8B_CONFIG, LLAMA3_8B_NAME, random_llama
 

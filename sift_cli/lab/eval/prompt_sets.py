@@ -14,14 +14,15 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...cache import cache_dir
 from ...config import ProfileConfig
 from ...corpus import CorpusFormat, Document, json_lines, load_documents, render
 from ...errors import SiftError
-from ...models import (DEFAULT_INSTRUCTION, LoadedModel, cache_dir, prefix_token_ids, suffix_token_ids,
-                       tokenize_documents)
+from ...models import LoadedModel
 from ...profile.job import profile_corpus
 from ...prompt import Prompt, prompt_from_shards
 from ...shards.reader import ShardSet
+from ...tokens import DEFAULT_INSTRUCTION, prefix_token_ids, suffix_token_ids, tokenize_documents
 from ..datasets import data_dir, essay_records, long_essays, nq_items, nq_passages, nq_records, write_jsonl
 
 ESSAY_QUESTIONS = (

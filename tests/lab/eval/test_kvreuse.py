@@ -37,7 +37,7 @@ def test_rotation_moves_keys_to_new_positions(rope):
     assert torch.allclose(moved.double(), at_p2[0], atol=2e-4)
 
 def _prompt(lm, docs, suffix="What is it?"):
-    from sift_cli.models import prefix_token_ids, suffix_token_ids
+    from sift_cli.tokens import prefix_token_ids, suffix_token_ids
 
     prefix = prefix_token_ids(lm.tokenizer)
     toks = [lm.tokenizer(d, add_special_tokens=False)["input_ids"] for d in docs]

@@ -5,8 +5,8 @@ import torch
 
 from sift_cli.config import ProfileConfig
 from sift_cli.lab.eval.thresholds import collect_stats, derive_bits
-from sift_cli.models import prefix_token_ids, tokenize_documents
 from sift_cli.profile.forward import profile_batch
+from sift_cli.tokens import prefix_token_ids, tokenize_documents
 
 
 @pytest.mark.parametrize("tile,alpha,beta,gamma", [(16, 1e-3, 1e-2, 0.1), (32, 1e-2, 3e-2, 0.3),
