@@ -121,6 +121,10 @@ class PromptBits(DeviceTensors):
         """Indices of the documents without bits."""
         return [d for d, flag in enumerate(self.doc_dense.tolist()) if flag]
 
+    def without_bits(self) -> bool:
+        """No document has bits (each is dense, or there is none): SIFT's block mask is then the causal mask."""
+        return len(self.dense_docs()) == len(self.layout.docs)
+
     def dense_share(self) -> float:
         """The share of the documents' tokens without bits (computed densely); 0 without documents."""
         docs = self.layout.docs

@@ -230,6 +230,8 @@ def prompt_table(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBi
 def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                    decoder: str = "torch") -> SparseRun:
     opts = for_backend(opts, backend, lm.head_dim, len(prompt.input_ids), prompt.bits.dense_share())
+    if prompt.bits.without_bits():
+        return _causal_prefill(lm, prompt, backend, ids, opts, decoder)
     marks = []
 
     def run():
@@ -242,6 +244,20 @@ def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, 
 
     ((logits, past), plan), t = timed(lm, run)
     return SparseRun(logits.float(), past, t, (marks[1] - marks[0]) * 1e3, (marks[2] - marks[1]) * 1e3, plan)
+
+
+def _lists_for_report(lm: LoadedModel, prompt: Prompt, backend, opts: PrefillOptions, decoder: str) -> SparsePlan:
+    bits, table = prompt_tensors(prompt, opts, lm.device)
+    return prepare_sparse(lm, bits, table, backend, decoder)
+
+
+def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
+                    decoder: str) -> SparseRun:
+    """A prompt whose documents have no bits: SIFT's mask is the causal mask, so full recompute's own kernel
+    computes it, with nothing to move or decode first. The lists (every causal block) are decoded after the timed
+    run, for the report."""
+    (logits, past), t = timed(lm, lambda: _forward(lm, ids, strongest_sdpa(lm.device)))
+    return SparseRun(logits.float(), past, t, 0.0, 0.0, _lists_for_report(lm, prompt, backend, opts, decoder))
 
 
 class GraphedPrefill:
@@ -273,3 +289,14 @@ class GraphedPrefill:
     def replay(self) -> tuple[torch.Tensor, object]:
         self.graph.replay()
         return self.logits, self.past
+
+
+def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
+                           bits: PromptBits, table: BlockTable, decoder: str) -> GraphedPrefill:
+    """SIFT's prefill of `prompt` (its bits and table already on the device) captured as a graph; a prompt without
+    bits captures full recompute's forward (`_causal_prefill`), its `plan` decoded apart for the report."""
+    if prompt.bits.without_bits():
+        graph = GraphedPrefill(lm, ids)
+        graph.plan = _lists_for_report(lm, prompt, backend, opts, decoder)
+        return graph
+    return GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))

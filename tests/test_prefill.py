@@ -139,4 +139,32 @@ def test_dense_share_counts_the_unprofiled_documents_tokens():
     rng = np.random.default_rng(0)
     assert random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng)[0].dense_share() == 0.0
     assert random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={1})[0].dense_share() == 0.3
-    assert random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={0, 1, 2})[0].dense_share() == 1.0
+    every = random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={0, 1, 2})[0]
+    assert every.dense_share() == 1.0 and every.without_bits()
+    assert not random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={0, 2})[0].without_bits()
+
+
+def test_prompt_without_bits_runs_full_recompute(tiny_lm, all_bits):
+    """Documents given as text that no set holds have no bits: SIFT's mask is then the causal mask, and the
+    prefill runs full recompute's forward (same logits, bit for bit) with nothing moved or decoded in its time; the
+    report's lists still hold every causal block."""
+    from sift_cli.corpus import Document
+
+    docs = [Document("new-a", "A fox that nobody profiled jumps.", "test"),
+            Document("new-b", "Zebras are not in any set.", "test")]
+    prompt = assemble(all_bits, tiny_lm, docs, "Who jumps?")
+    assert prompt.bits.without_bits() and len(prompt.bits.dense_docs()) == 2
+    x = torch.tensor([prompt.input_ids])
+    dense = dense_prefill(tiny_lm, x).logits
+    for be in (ReferenceBackend(), get_backend("gather", tiny_lm.device)):
+        r = sparse_prefill(tiny_lm, prompt, be, x, for_backend(PrefillOptions(), be, tiny_lm.head_dim,
+                                                                len(prompt.input_ids)))
+        assert torch.equal(r.logits, dense), be.name
+        assert r.transfer_ms == 0.0 and r.prepare_ms == 0.0
+        assert all(b.density() == 1.0 for b in r.plan.block_lists)
+    report = run_prefill(tiny_lm, prompt, PrefillOptions(backend="gather", repeat=1, warmup=0, max_new_tokens=2))
+    assert report["causal_kernel"] and report["same_answer"] and report["max_abs_logit_diff"] == 0.0
+    mixed = assemble(all_bits, tiny_lm, [docs[0], "doc01"], "Who jumps?")
+    assert not mixed.bits.without_bits()
+    assert not run_prefill(tiny_lm, mixed, PrefillOptions(backend="gather", repeat=1, warmup=0,
+                                                          max_new_tokens=2))["causal_kernel"]

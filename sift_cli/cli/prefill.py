@@ -81,6 +81,8 @@ def render_prefill(r: dict, question: str) -> None:
     if r["dense_docs"]:
         listed = ", ".join(f"{escape(x['doc_id'])} ({x['reason']})" for x in r["dense_docs"])
         out.print(f"[bold]dense documents[/]: {listed}: {pct(d['dense_docs_cells_share'])} of the computed cells")
+    if r.get("causal_kernel"):
+        out.print("no document has bits, so SIFT's mask is the causal mask: it ran full recompute's kernel")
     gpu = r["dense"]["gpu_ms"] is not None
     table = Table(show_edge=False)
     cols = ("", "TTFT ms") + (("host ms", "GPU ms", "bound by") if gpu else ()) + ("answer",)
