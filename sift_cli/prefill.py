@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention.base import BlockLists
 from .attention.cuda import CudaBackend
-from .attention.integration import SparsePlan, prepare_plan, sparse_attention
+from .attention.integration import SparsePlan, causal_attention, prepare_plan, sparse_attention
 from .block_lists import decode_layers
 from .block_table import BlockTable
 from .cuda.decode import CudaDecoder, DecodedLayers
@@ -261,6 +261,15 @@ def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor,
     return SparseRun(logits.float(), past, t, 0.0, 0.0, _lists_for_report(lm, prompt, backend, opts, decoder))
 
 
+@contextlib.contextmanager
+def _graphed_dense(lm: LoadedModel):
+    """Full recompute's attention for a graph capture: the strongest SDPA, called causally as eager runs it
+    (`causal_attention`), unless a caller swapped in an attention function of its own (a benchmark's stand-in)."""
+    with strongest_sdpa(lm.device), (causal_attention(lm.model) if lm.model.config._attn_implementation == "sdpa"
+                                     else contextlib.nullcontext()):
+        yield
+
+
 class GraphedPrefill:
     """One mode's prefill of one prompt captured as a CUDA graph (decode and forward; static shapes): `replay()`
     returns (logits, past) computed again; `capture_ms` is what building it cost."""
@@ -272,7 +281,7 @@ class GraphedPrefill:
 
         def step():
             if sparse_setup is None:
-                return _forward(lm, self.ids, strongest_sdpa(lm.device)) + (None,)
+                return _forward(lm, self.ids, _graphed_dense(lm)) + (None,)
             plan = sparse_setup()
             return _forward(lm, self.ids, sparse_attention(lm.model, plan)) + (plan,)
 

@@ -86,3 +86,11 @@ def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stac
 def sparse_attention(model, plan: SparsePlan):
     """Inside the block, the model's forward computes attention block-sparsely as `plan` says."""
     return swapped_attention(model, ATTN_NAME, sift_attention_forward, _local, plan=plan)
+
+
+def causal_attention(model):
+    """Inside the block, attention over a whole prompt is SDPA's causal call, whatever mask transformers built (a
+    prefill of one unpadded prompt has the causal mask). Under CUDA-graph capture transformers materialises that
+    mask (it cannot look at the padding there), and SDPA given a mask at GQA shapes leaves cuDNN for a kernel that
+    ran the 8B-shaped attention 3.8x slower at 16K on the H200; eager, transformers makes this same call."""
+    return swapped_attention(model, ATTN_NAME, sift_attention_forward, _local, plan=None)

@@ -196,6 +196,20 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
     assert r["sift"]["gpu_ms"] > 0 and r["density"]["cells_over_allowed"] >= 1.0
 
 
+def test_graphed_full_recompute_equals_eager(tmp_path, smol_gpu):
+    """Full recompute captured in a graph makes eager's causal SDPA call (not the masked one transformers builds
+    under capture), so its logits equal eager full recompute's."""
+    from sift_cli.prefill import GraphedPrefill
+
+    shards, ids = _sample_shards(tmp_path, smol_gpu)
+    prompt = assemble(shards, smol_gpu, ids[:4], "What does csv do?")
+    x = torch.tensor([prompt.input_ids], device="cuda")
+    eager = dense_prefill(smol_gpu, x).logits
+    logits, _ = GraphedPrefill(smol_gpu, x).replay()
+    torch.cuda.synchronize()
+    assert torch.equal(logits.float(), eager), float((logits.float() - eager).abs().max())
+
+
 def test_dense_lists_equal_for_both_query_block_cuts():
     """With every block listed, segment-cut and grid query blocks compute the same (dense) function."""
     lay = random_prompt(np.random.default_rng(1), 64, doc_lengths=[200, 77], prefix_len=16, suffix_len=30)[0].layout
