@@ -162,7 +162,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
 def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
     """Dense and SIFT each captured once, then replayed `repeat` times; also checks the graph's SIFT logits
     against an eager SIFT prefill of the same prompt (same kernels, same order: they must be equal)."""
-    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device)
+    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device, max(1, opts.repeat))
     dense = GraphedPrefill(lm, ids)
     sift = GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
     for _ in range(max(0, opts.warmup)):

@@ -259,7 +259,7 @@ class _CaseRun:
     def _sift_graphed(self, prompt, backend, opts, decoder):
         """SIFT captured once (decode + forward), then replayed; TTFT adds the bits' transfer."""
         lm, dev = self.case.lm, self.dev
-        bits, table, transfer = prompt_table(prompt, opts, dev)
+        bits, table, transfer = prompt_table(prompt, opts, dev, self.repeat)
         graph = GraphedPrefill(lm, self.ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
         runs_ms = [t + transfer for t in timed(graph.replay, dev, self.repeat, self.warmup)]
         block_lists = graph.plan.block_lists
