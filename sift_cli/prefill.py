@@ -261,8 +261,8 @@ def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor,
                     decoder: str) -> SparseRun:
     """A prompt whose documents have no bits: SIFT's mask is the causal mask, so full recompute's own kernel
     computes it, with nothing to move or decode first. The lists (every causal block) are decoded after the timed
-    run, for the report. Eager only: captured in a CUDA graph, SDPA's causal call ran 3.8x slower than eager on the
-    H200 (docs/benchmarks.md), so a graphed prefill keeps the sparse kernel, which captures at full speed."""
+    run, for the report. Eager only: a graphed prefill keeps the sparse kernel, which captures at full speed (the
+    graphed full recompute did not until `causal_attention`; the choice has not been measured again since)."""
     (logits, past), t = timed(lm, lambda: _forward(lm, ids, strongest_sdpa(lm.device)))
     return SparseRun(logits.float(), past, t, 0.0, 0.0, _lists_for_report(lm, prompt, backend, opts, decoder))
 
