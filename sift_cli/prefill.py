@@ -261,8 +261,7 @@ def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor,
                     decoder: str) -> SparseRun:
     """A prompt whose documents have no bits: SIFT's mask is the causal mask, so full recompute's own kernel
     computes it, with nothing to move or decode first. The lists (every causal block) are decoded after the timed
-    run, for the report. Eager only: a graphed prefill keeps the sparse kernel, which captures at full speed (the
-    graphed full recompute did not until `causal_attention`; the choice has not been measured again since)."""
+    run, for the report. Graphed, the same holds (`graphed_sparse_prefill`)."""
     (logits, past), t = timed(lm, lambda: _forward(lm, ids, strongest_sdpa(lm.device)))
     return SparseRun(logits.float(), past, t, 0.0, 0.0, _lists_for_report(lm, prompt, backend, opts, decoder))
 
@@ -306,3 +305,13 @@ class GraphedPrefill:
         self.graph.replay()
         return self.logits, self.past
 
+
+def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
+                           bits: PromptBits, table: BlockTable, decoder: str) -> GraphedPrefill:
+    """SIFT's prefill of `prompt` (its bits and table on the device) captured as a graph; for a prompt without bits,
+    full recompute's forward (as `_causal_prefill`), its `plan` decoded apart for the report."""
+    if prompt.bits.without_bits():
+        graph = GraphedPrefill(lm, ids)
+        graph.plan = _lists_for_report(lm, prompt, backend, opts, decoder)
+        return graph
+    return GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))

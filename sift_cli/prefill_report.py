@@ -16,7 +16,7 @@ from .errors import SiftError
 from .layout import PromptBits
 from .models import LoadedModel
 from .prefill import (GraphedPrefill, PrefillOptions, Timing, choose_decoder, dense_prefill, for_backend,
-                      prepare_sparse, prompt_table, sparse_prefill, timed, with_device_defaults)
+                      graphed_sparse_prefill, prompt_table, sparse_prefill, timed, with_device_defaults)
 from .prompt import Prompt
 
 
@@ -141,8 +141,8 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
         "backend": backend.name, "decoder": decoder, "block_m": opts.block_m, "block_n": opts.block_n,
         "query_blocks": opts.query_blocks, "tile_size": prompt.bits.tile, "doc_ids": prompt.doc_ids,
         "dense_docs": [{"doc_id": d.doc_id, "reason": d.reason, "tokens": d.n_tokens} for d in prompt.dense],
-        # no document has bits: eager SIFT ran full recompute's kernel (`prefill._causal_prefill`)
-        "causal_kernel": prompt.bits.without_bits() and not graphs,
+        # no document has bits: SIFT ran full recompute's forward (`prefill._causal_prefill`)
+        "causal_kernel": prompt.bits.without_bits(),
         "prompt_tokens": prompt.segment_tokens(), "cuda_graphs": bool(graphs),
         "density": density_report(block_lists, prompt.bits),
         "dense": dense_t, "sift": sift_t,
@@ -163,8 +163,10 @@ def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
     """Dense and SIFT each captured once, then replayed `repeat` times; also checks the graph's SIFT logits
     against an eager SIFT prefill of the same prompt (same kernels, same order: they must be equal)."""
     bits, table, transfer_ms = prompt_table(prompt, opts, lm.device, max(1, opts.repeat))
+    if prompt.bits.without_bits():
+        transfer_ms = 0.0  # SIFT replays full recompute's forward: nothing to move first
     dense = GraphedPrefill(lm, ids)
-    sift = GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+    sift = graphed_sparse_prefill(lm, prompt, backend, ids, opts, bits, table, decoder)
     for _ in range(max(0, opts.warmup)):
         dense.replay()
         tick()

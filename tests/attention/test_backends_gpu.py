@@ -210,6 +210,23 @@ def test_graphed_full_recompute_equals_eager(tmp_path, smol_gpu):
     assert torch.equal(logits.float(), eager), float((logits.float() - eager).abs().max())
 
 
+def test_prompt_without_bits_runs_full_recompute_eager_and_graphed(tmp_path, smol_gpu):
+    """Documents no set holds have no bits: eager and graphed SIFT both run full recompute's forward, so their
+    logits equal full recompute's, and the report says so."""
+    from sift_cli.corpus import Document
+
+    shards, _ = _sample_shards(tmp_path, smol_gpu)
+    docs = [Document(f"new-{i}", text, "test") for i, (_, text) in enumerate(sample_documents()[6:9])]
+    prompt = assemble(shards, smol_gpu, docs, "What does csv do?")
+    assert prompt.bits.without_bits()
+    for graphs in (False, True):
+        r = run_prefill(smol_gpu, prompt, PrefillOptions(cuda_graphs=graphs, repeat=2, warmup=1, max_new_tokens=4))
+        assert r["causal_kernel"] and r["max_abs_logit_diff"] == 0.0 and r["density"]["blocks"] == 1.0, graphs
+        assert r["sift"]["transfer_ms"] == 0.0
+        if graphs:
+            assert r["graph_logits_equal_eager"]
+
+
 def test_dense_lists_equal_for_both_query_block_cuts():
     """With every block listed, segment-cut and grid query blocks compute the same (dense) function."""
     lay = random_prompt(np.random.default_rng(1), 64, doc_lengths=[200, 77], prefix_len=16, suffix_len=30)[0].layout

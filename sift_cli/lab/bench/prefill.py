@@ -38,8 +38,8 @@ from ...attention.swap import swapped_attention
 from ...block_lists import cells_over_allowed, computed_cells, mean_densities
 from ...errors import SiftError, error_line
 from ...models import load_model
-from ...prefill import (GraphedPrefill, PrefillOptions, choose_decoder, for_backend, prepare_sparse, prompt_table,
-                        sparse_prefill, sync_device)
+from ...prefill import (GraphedPrefill, PrefillOptions, choose_decoder, for_backend, graphed_sparse_prefill,
+                        prompt_table, sparse_prefill, sync_device)
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV
@@ -260,7 +260,9 @@ class _CaseRun:
         """SIFT captured once (decode + forward), then replayed; TTFT adds the bits' transfer."""
         lm, dev = self.case.lm, self.dev
         bits, table, transfer = prompt_table(prompt, opts, dev, self.repeat)
-        graph = GraphedPrefill(lm, self.ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+        if prompt.bits.without_bits():
+            transfer = 0.0  # SIFT replays full recompute's forward: nothing to move first
+        graph = graphed_sparse_prefill(lm, prompt, backend, self.ids, opts, bits, table, decoder)
         runs_ms = [t + transfer for t in timed(graph.replay, dev, self.repeat, self.warmup)]
         block_lists = graph.plan.block_lists
         return (statistics.median(runs_ms), runs_ms, transfer, None, None, block_lists, graph.capture_ms,
