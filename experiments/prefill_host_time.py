@@ -21,7 +21,7 @@ from sift_cli.attention.integration import sift_attention_forward, sparse_attent
 from sift_cli.config import resolve_profile_config
 from sift_cli.cuda.work_order import SPLIT_MAX, work_order
 from sift_cli.cuda.runtime import sm_count
-from sift_cli.lab.bench.prefill import NOATTN, _stand_in
+from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
 from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, for_backend, prepare_sparse, prompt_table,
@@ -111,7 +111,7 @@ def measure(lm, prompt, repeat: int) -> dict:
         sparse_forward()
     out = {"tokens": len(prompt.input_ids)}
     out["dense_forward"] = phase(dense, dev, repeat)
-    with _stand_in(lm.model, NOATTN):
+    with stand_in(lm.model, NOATTN):
         out["no_attention_forward"] = phase(lambda: lm.model(input_ids=ids, use_cache=True, logits_to_keep=1), dev,
                                             repeat)
     out["sift_ttft"] = phase(sift_ttft, dev, repeat)

@@ -19,7 +19,7 @@ import torch
 
 from sift_cli.attention.backends import get_backend
 from sift_cli.config import resolve_profile_config
-from sift_cli.lab.bench.prefill import NOATTN, _stand_in, timed
+from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in, timed
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
 from sift_cli.prefill import GraphedPrefill, PrefillOptions, choose_decoder, dense_prefill, sparse_prefill
@@ -28,7 +28,7 @@ from sift_cli.prefill_report import run_prefill
 
 def no_attention_ms(lm, ids, graphs: bool, repeat: int) -> float:
     """The forward with attention replaced by a free stand-in: everything but attention."""
-    with torch.inference_mode(), _stand_in(lm.model, NOATTN):
+    with torch.inference_mode(), stand_in(lm.model, NOATTN):
         if graphs:
             g = GraphedPrefill(lm, ids)
             return statistics.median(timed(g.replay, lm.device, repeat, 2))

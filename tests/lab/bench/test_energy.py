@@ -6,7 +6,7 @@ import pytest
 def test_energy_metrics_and_meter_without_nvml(monkeypatch):
     import sys
 
-    from sift_cli.lab.bench.prefill import EnergyMeter, energy_metrics
+    from sift_cli.lab.bench.energy import EnergyMeter, energy_metrics
 
     e = energy_metrics(200.0, 50.0, 8192)
     assert e["tokens_per_j"] == pytest.approx(163.84) and e["edp"] == pytest.approx(10.0)
