@@ -22,7 +22,8 @@ from sift_cli.config import resolve_profile_config
 from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in, timed
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
-from sift_cli.prefill import GraphedPrefill, PrefillOptions, choose_decoder, dense_prefill, sparse_prefill
+from sift_cli.prefill import PrefillOptions, choose_decoder, dense_prefill, sparse_prefill
+from sift_cli.prefill_graphs import GraphedPrefill
 from sift_cli.prefill_report import run_prefill
 
 

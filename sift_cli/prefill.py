@@ -4,8 +4,8 @@ SIFT's time to first token counts moving the prompt's bit vectors to the device,
 lists (and the backend's own preparation) and the forward, timed as one piece from an idle device (the CUDA
 decoder runs on a side stream, beside the forward's start). Each prefill is timed three ways: wall time, host time
 (until Python has enqueued the whole forward) and GPU time (CUDA events), so a report shows whether a run is
-bound by the host or by the GPU. `GraphedPrefill` captures one mode's decode and forward as a CUDA graph, once per
-prompt, for replays. The side-by-side report of both modes is `prefill_report.run_prefill`.
+bound by the host or by the GPU. `prefill_graphs` captures a prefill as a CUDA graph; `prefill_report.run_prefill`
+runs both modes side by side.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .attention.base import BlockLists
 from .attention.cuda import CudaBackend
-from .attention.integration import SparsePlan, causal_attention, prepare_plan, sparse_attention
+from .attention.integration import SparsePlan, prepare_plan, sparse_attention
 from .block_lists import decode_layers
 from .block_table import BlockTable
 from .cuda.decode import CudaDecoder, DecodedLayers
@@ -252,7 +252,8 @@ def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, 
     return SparseRun(logits.float(), past, t, (marks[1] - marks[0]) * 1e3, (marks[2] - marks[1]) * 1e3, plan)
 
 
-def _lists_for_report(lm: LoadedModel, prompt: Prompt, backend, opts: PrefillOptions, decoder: str) -> SparsePlan:
+def lists_for_report(lm: LoadedModel, prompt: Prompt, backend, opts: PrefillOptions, decoder: str) -> SparsePlan:
+    """The prompt's plan, decoded outside any timed run, where SIFT ran full recompute's forward: for the report."""
     bits, table = prompt_tensors(prompt, opts, lm.device)
     return prepare_sparse(lm, bits, table, backend, decoder)
 
@@ -261,57 +262,6 @@ def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor,
                     decoder: str) -> SparseRun:
     """A prompt whose documents have no bits: SIFT's mask is the causal mask, so full recompute's own kernel
     computes it, with nothing to move or decode first. The lists (every causal block) are decoded after the timed
-    run, for the report. Graphed, the same holds (`graphed_sparse_prefill`)."""
+    run, for the report. Graphed, the same holds (`prefill_graphs.graphed_sparse_prefill`)."""
     (logits, past), t = timed(lm, lambda: _forward(lm, ids, strongest_sdpa(lm.device)))
-    return SparseRun(logits.float(), past, t, 0.0, 0.0, _lists_for_report(lm, prompt, backend, opts, decoder))
-
-
-@contextlib.contextmanager
-def _graphed_dense(lm: LoadedModel):
-    """Full recompute's attention for a graph capture: the strongest SDPA, called causally as eager runs it
-    (`causal_attention`), unless a caller swapped in an attention function of its own (a benchmark's stand-in)."""
-    with strongest_sdpa(lm.device), (causal_attention(lm.model) if lm.model.config._attn_implementation == "sdpa"
-                                     else contextlib.nullcontext()):
-        yield
-
-
-class GraphedPrefill:
-    """One mode's prefill of one prompt captured as a CUDA graph (decode and forward; static shapes): `replay()`
-    returns (logits, past) computed again; `capture_ms` is what building it cost."""
-
-    def __init__(self, lm: LoadedModel, ids: torch.Tensor, sparse_setup=None):
-        self.lm = lm
-        self.ids = ids.clone()
-        t0 = time.perf_counter()
-
-        def step():
-            if sparse_setup is None:
-                return _forward(lm, self.ids, _graphed_dense(lm)) + (None,)
-            plan = sparse_setup()
-            return _forward(lm, self.ids, sparse_attention(lm.model, plan)) + (plan,)
-
-        side = torch.cuda.Stream(lm.device)
-        side.wait_stream(torch.cuda.current_stream(lm.device))
-        with torch.inference_mode(), torch.cuda.stream(side):
-            step()  # warm up outside the graph: compilation, autotuning, allocator pools
-        torch.cuda.current_stream(lm.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.graph):
-            self.logits, self.past, self.plan = step()
-        sync_device(lm.device)
-        self.capture_ms = (time.perf_counter() - t0) * 1e3
-
-    def replay(self) -> tuple[torch.Tensor, object]:
-        self.graph.replay()
-        return self.logits, self.past
-
-
-def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
-                           bits: PromptBits, table: BlockTable, decoder: str) -> GraphedPrefill:
-    """SIFT's prefill of `prompt` (its bits and table on the device) captured as a graph; for a prompt without bits,
-    full recompute's forward (as `_causal_prefill`), its `plan` decoded apart for the report."""
-    if prompt.bits.without_bits():
-        graph = GraphedPrefill(lm, ids)
-        graph.plan = _lists_for_report(lm, prompt, backend, opts, decoder)
-        return graph
-    return GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+    return SparseRun(logits.float(), past, t, 0.0, 0.0, lists_for_report(lm, prompt, backend, opts, decoder))

@@ -15,8 +15,9 @@ from .block_lists import cell_density, cells_of_documents, cells_over_allowed, c
 from .errors import SiftError
 from .layout import PromptBits
 from .models import LoadedModel
-from .prefill import (GraphedPrefill, PrefillOptions, Timing, choose_decoder, dense_prefill, for_backend,
-                      graphed_sparse_prefill, prompt_table, sparse_prefill, timed, with_device_defaults)
+from .prefill import (PrefillOptions, Timing, choose_decoder, dense_prefill, for_backend, prompt_table, sparse_prefill,
+                      timed, with_device_defaults)
+from .prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 from .prompt import Prompt
 
 

@@ -176,7 +176,7 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
     """A captured SIFT prefill (decode + forward) replays to logits identical to eager SIFT's, for two prompts of
     different lengths, and the report says so."""
     need_cuda_backend()
-    from sift_cli.prefill import GraphedPrefill
+    from sift_cli.prefill_graphs import GraphedPrefill
 
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     backend = CudaBackend()
@@ -199,7 +199,7 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
 def test_graphed_full_recompute_equals_eager(tmp_path, smol_gpu):
     """Full recompute captured in a graph makes eager's causal SDPA call (not the masked one transformers builds
     under capture), so its logits equal eager full recompute's."""
-    from sift_cli.prefill import GraphedPrefill
+    from sift_cli.prefill_graphs import GraphedPrefill
 
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     prompt = assemble(shards, smol_gpu, ids[:4], "What does csv do?")
