@@ -252,16 +252,11 @@ def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, 
     return SparseRun(logits.float(), past, t, (marks[1] - marks[0]) * 1e3, (marks[2] - marks[1]) * 1e3, plan)
 
 
-def lists_for_report(lm: LoadedModel, prompt: Prompt, backend, opts: PrefillOptions, decoder: str) -> SparsePlan:
-    """The prompt's plan, decoded outside any timed run, where SIFT ran full recompute's forward: for the report."""
-    bits, table = prompt_tensors(prompt, opts, lm.device)
-    return prepare_sparse(lm, bits, table, backend, decoder)
-
-
 def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                     decoder: str) -> SparseRun:
     """A prompt whose documents have no bits: SIFT's mask is the causal mask, so full recompute's own kernel
     computes it, with nothing to move or decode first. The lists (every causal block) are decoded after the timed
     run, for the report. Graphed, the same holds (`prefill_graphs.graphed_sparse_prefill`)."""
-    (logits, past), t = timed(lm, lambda: _forward(lm, ids, strongest_sdpa(lm.device)))
-    return SparseRun(logits.float(), past, t, 0.0, 0.0, lists_for_report(lm, prompt, backend, opts, decoder))
+    full = dense_prefill(lm, ids)
+    bits, table = prompt_tensors(prompt, opts, lm.device)
+    return SparseRun(full.logits, full.past, full.timing, 0.0, 0.0, prepare_sparse(lm, bits, table, backend, decoder))

@@ -9,10 +9,8 @@ import time
 import torch
 
 from .attention.integration import causal_attention, sparse_attention
-from .block_table import BlockTable
-from .layout import PromptBits
 from .models import LoadedModel
-from .prefill import PrefillOptions, _forward, lists_for_report, prepare_sparse, strongest_sdpa, sync_device
+from .prefill import PrefillOptions, _forward, prepare_sparse, prompt_table, strongest_sdpa, sync_device
 from .prompt import Prompt
 
 
@@ -27,11 +25,13 @@ def _graphed_dense(lm: LoadedModel):
 
 class GraphedPrefill:
     """One mode's prefill of one prompt captured as a CUDA graph (decode and forward; static shapes): `replay()`
-    returns (logits, past) computed again; `capture_ms` is what building it cost."""
+    returns (logits, past) computed again; `capture_ms` is what building it cost; `transfer_ms` what each replay
+    adds before it (`graphed_sparse_prefill`: moving SIFT's bits and block table to the device)."""
 
     def __init__(self, lm: LoadedModel, ids: torch.Tensor, sparse_setup=None):
         self.lm = lm
         self.ids = ids.clone()
+        self.transfer_ms = 0.0
         t0 = time.perf_counter()
 
         def step():
@@ -57,11 +57,16 @@ class GraphedPrefill:
 
 
 def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
-                           bits: PromptBits, table: BlockTable, decoder: str) -> GraphedPrefill:
-    """SIFT's prefill of `prompt` (its bits and table on the device) captured as a graph; for a prompt without bits,
-    full recompute's forward (as `_causal_prefill`), its `plan` decoded apart for the report."""
-    if prompt.bits.without_bits():
+                           decoder: str, repeat: int = 1) -> GraphedPrefill:
+    """SIFT's prefill of `prompt` captured as a graph, its `transfer_ms` the median of `repeat` moves of the bits
+    and block table (`prefill.prompt_table`). A prompt without bits captures full recompute's forward (as
+    `prefill._causal_prefill`), adds no transfer, and has its `plan` decoded apart, for the report."""
+    no_bits = prompt.bits.without_bits()
+    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device, 1 if no_bits else repeat)
+    if no_bits:
         graph = GraphedPrefill(lm, ids)
-        graph.plan = lists_for_report(lm, prompt, backend, opts, decoder)
+        graph.plan = prepare_sparse(lm, bits, table, backend, decoder)
         return graph
-    return GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+    graph = GraphedPrefill(lm, ids, lambda: prepare_sparse(lm, bits, table, backend, decoder))
+    graph.transfer_ms = transfer_ms
+    return graph

@@ -15,8 +15,8 @@ from .block_lists import cell_density, cells_of_documents, cells_over_allowed, c
 from .errors import SiftError
 from .layout import PromptBits
 from .models import LoadedModel
-from .prefill import (PrefillOptions, Timing, choose_decoder, dense_prefill, for_backend, prompt_table, sparse_prefill,
-                      timed, with_device_defaults)
+from .prefill import (PrefillOptions, Timing, choose_decoder, dense_prefill, for_backend, sparse_prefill, timed,
+                      with_device_defaults)
 from .prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 from .prompt import Prompt
 
@@ -163,11 +163,9 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
 def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
     """Dense and SIFT each captured once, then replayed `repeat` times; also checks the graph's SIFT logits
     against an eager SIFT prefill of the same prompt (same kernels, same order: they must be equal)."""
-    bits, table, transfer_ms = prompt_table(prompt, opts, lm.device, max(1, opts.repeat))
-    if prompt.bits.without_bits():
-        transfer_ms = 0.0  # SIFT replays full recompute's forward: nothing to move first
     dense = GraphedPrefill(lm, ids)
-    sift = graphed_sparse_prefill(lm, prompt, backend, ids, opts, bits, table, decoder)
+    sift = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, max(1, opts.repeat))
+    transfer_ms = sift.transfer_ms
     for _ in range(max(0, opts.warmup)):
         dense.replay()
         tick()

@@ -13,7 +13,7 @@ from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...block_lists import cells_over_allowed, computed_cells, mean_densities
 from ...errors import SiftError, error_line
-from ...prefill import PrefillOptions, choose_decoder, for_backend, prompt_table, sparse_prefill, sync_device
+from ...prefill import PrefillOptions, choose_decoder, for_backend, sparse_prefill, sync_device
 from ...prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
@@ -179,10 +179,8 @@ class CaseRun:
     def _sift_graphed(self, prompt, backend, opts, decoder):
         """SIFT captured once (decode + forward), then replayed; TTFT adds the bits' transfer."""
         lm, dev = self.case.lm, self.dev
-        bits, table, transfer = prompt_table(prompt, opts, dev, self.repeat)
-        if prompt.bits.without_bits():
-            transfer = 0.0  # SIFT replays full recompute's forward: nothing to move first
-        graph = graphed_sparse_prefill(lm, prompt, backend, self.ids, opts, bits, table, decoder)
+        graph = graphed_sparse_prefill(lm, prompt, backend, self.ids, opts, decoder, self.repeat)
+        transfer = graph.transfer_ms
         runs_ms = [t + transfer for t in timed(graph.replay, dev, self.repeat, self.warmup)]
         block_lists = graph.plan.block_lists
         return (statistics.median(runs_ms), runs_ms, transfer, None, None, block_lists, graph.capture_ms,
