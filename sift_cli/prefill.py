@@ -122,9 +122,9 @@ def prepare_sparse(lm: LoadedModel, bits: PromptBits, table: BlockTable, backend
     with torch.cuda.stream(side):
         spec = backend.work_spec(table, dev, lm.head_dim)
         block_lists, stacked = decode_all_layers(bits, table, lm.n_layers, decoder, spec)
-        attend = backend.prepare(table, block_lists, stacked, ready=ready)
+        plan = prepare_plan(backend, table, block_lists, stacked, ready)
         ready.record(side)
-    return SparsePlan(backend.name, table, block_lists, attend, getattr(attend, "model_layout", None))
+    return plan
 
 
 def strongest_sdpa(device: torch.device):

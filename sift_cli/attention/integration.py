@@ -70,13 +70,14 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
     return out.transpose(0, 1).unsqueeze(0), None  # the model reshapes (and copies only if it must)
 
 
-def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stacked=None) -> SparsePlan:
+def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stacked=None, ready=None) -> SparsePlan:
     """The backend's per-prompt form of every layer's lists. stacked: (offsets [n_layers, H, M + 1], indices
     [n_layers, capacity], work order or None) when the lists come from one decode of all layers (the cuda backend
-    uses it as is)."""
+    uses it as is). ready: a CUDA event the lists wait for, for a backend that `waits_for_ready`."""
     prepare = getattr(backend, "prepare", None)
     if prepare is not None:
-        attend = prepare(table, block_lists, stacked)
+        attend = prepare(table, block_lists, stacked) if ready is None else prepare(table, block_lists, stacked,
+                                                                                     ready=ready)
     else:
         def attend(layer, q, k, v, scale):
             return backend.forward(q, k, v, block_lists[layer], scale)
