@@ -1,13 +1,12 @@
 // SIFT block-sparse attention forward for Hopper (sm_90a): TMA + mbarrier ring + warp-specialised WGMMA.
 //
-// Blocks follow the prompt's segments (SPEC §6 v2): query block m covers rows [q_start[m], q_start[m] + q_len[m])
-// and KV block kb covers keys [kv_start[kb], kv_start[kb] + kv_len[kb]), with q_len <= BLOCK_M and
-// kv_len <= KEY_BLOCK; both tables are per prompt, shared by every layer and head. A row (query head h, query
-// block m) lists its KV blocks as the CSR row
-//     indices[offsets[h * (M + 1) + m] .. offsets[h * (M + 1) + m + 1])
-// in canonical order: first every block that needs a mask (partial, kv_len < KEY_BLOCK, or reaching past the
-// row block's first row), then the rest, each group in descending block order (sift_cli's block-list builders
-// emit exactly this order; the kernel checks it and traps on a list that breaks it).
+// Query block m covers rows [q_start[m], q_start[m] + q_len[m]), q_len <= BLOCK_M, per prompt (SPEC §6 v2), shared
+// by every layer and head. A row (query head h, query block m) lists its key tiles as the CSR row
+//     entries[offsets[h * (M + 1) + m] .. offsets[h * (M + 1) + m + 1])
+// of packed entries (first key << 8) | key count, count <= KEY_BLOCK: the row's KV blocks, runs of consecutive
+// blocks re-cut into full tiles (kernels/coalesce.cu), in canonical order: first every tile that needs a mask
+// (partial, count < KEY_BLOCK, or reaching past the row block's first row), then the rest, each group by first
+// key descending (coalesce.cu emits exactly this order; the kernel checks it and traps on a list that breaks it).
 //
 // Work: a virtual tile is one row, or one part of a row cut for split-KV (parts of a long row run in different
 // CTAs; each stores its unnormalised O, max and sum in a workspace and the last part to finish merges them all,
@@ -792,9 +791,8 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_CTAS)
 sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_constant__ TmaDesc tmap_k,
                      const __grid_constant__ TmaDesc tmap_v, bf16_t* __restrict__ out, long long out_row_stride,
                      long long out_head_stride, float* __restrict__ lse, const int* __restrict__ offsets,
-                     const int* __restrict__ indices, const int* __restrict__ q_start,
-                     const int* __restrict__ q_len, const int* __restrict__ kv_start,
-                     const int* __restrict__ kv_len, const int* __restrict__ tile_order,
+                     const int* __restrict__ entries, const int* __restrict__ q_start,
+                     const int* __restrict__ q_len, const int* __restrict__ tile_order,
                      const int* __restrict__ n_active, const int* __restrict__ split_cap, int split_max,
                      const int* __restrict__ split_slot, float* __restrict__ ws, int* __restrict__ arrivals,
                      int* __restrict__ sched, int seq_len,
@@ -886,10 +884,9 @@ sift_sparse_attn_fwd(const __grid_constant__ TmaDesc tmap_q, const __grid_consta
             const int i = i0 + lane;
             bool msk = false;
             if (i < n) {
-              const int kb = indices[start + i];
-              const int k0 = kv_start[kb], kn = kv_len[kb];
-              lst[i] = (k0 << 8) | kn;
-              msk = needs_mask(k0, kn, q0);
+              const int e = entries[start + i];
+              lst[i] = e;
+              msk = needs_mask(entry_start(e), entry_count(e), q0);
             }
             const unsigned b = __ballot_sync(0xffffffffu, msk);
             const unsigned valid = __ballot_sync(0xffffffffu, i < n);

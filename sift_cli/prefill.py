@@ -25,6 +25,7 @@ from .attention.cuda import CudaBackend
 from .attention.integration import SparsePlan, prepare_plan, sparse_attention
 from .block_lists import decode_layers
 from .block_table import BlockTable
+from .cuda.coalesce import KernelLists
 from .cuda.decode import CudaDecoder, DecodedLayers
 from .device_copy import to_device
 from .errors import SiftError
@@ -92,11 +93,13 @@ def choose_decoder(device: torch.device) -> str:
 def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decoder: str = "torch", work=None
                       ) -> tuple[Sequence[BlockLists], tuple | None]:
     """Every layer's CSR lists over `table` (bits already on the device), and, from the CUDA decoder, the stacked
-    (offsets, indices, work) of all layers; work: the attention kernel's work order when `work` (a
-    cuda.decode.WorkSpec) asks the decoder for it, else None. The CUDA decoder never waits for the device."""
+    (offsets, indices, tiles) of all layers; tiles: the attention kernel's lists and work order
+    (`cuda.coalesce.KernelLists`) when `work` (a cuda.decode.WorkSpec) asks for them, else None. The CUDA decoder
+    never waits for the device."""
     if decoder == "cuda":
-        dec = CudaDecoder(bits, table, layers=range(n_layers), work=work)
-        return DecodedLayers(dec), (dec.offsets, dec.indices, dec.work)
+        dec = CudaDecoder(bits, table, layers=range(n_layers))
+        tiles = KernelLists(dec.offsets, dec.indices, dec.table, work) if work is not None else None
+        return DecodedLayers(dec), (dec.offsets, dec.indices, tiles)
     return decode_layers(bits, table, n_layers), None
 
 

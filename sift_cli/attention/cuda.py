@@ -57,19 +57,21 @@ class CudaBackend:
         return 128 if seq_len >= self.LONG_PROMPT or dense_share >= self.DENSE_SHARE else 64
 
     def work_spec(self, table, device, head_dim: int) -> WorkSpec:
-        """What this backend's work order needs, for a CUDA decoder that computes it with the lists."""
+        """What this backend's work order needs, for the kernel's lists made beside the decode
+        (`cuda.coalesce.KernelLists`)."""
         cfg = kernel_config(head_dim, table.block_n, self.pair, block_m=table.block_m)
         return WorkSpec(cfg.per_step, persistent_ctas(cfg, table.n_kv_blocks, torch.device(device)),
                         SPLIT_MAX if self.split else 1, SPLIT_MIN_BLOCKS)
 
     def prepare(self, table, block_lists: list[BlockLists], stacked=None, ready=None) -> "PlannedAttention":
         """attend(layer, q, k, v, scale) over every layer's lists, launched through one SparseAttentionPlan (built
-        at the first call, when the heads and head dim are known). stacked: (offsets, indices[, work]) of all
-        layers from one decode; the work order is the plan's unless the decoder computed it (`work_spec`).
+        at the first call, when the heads and head dim are known). stacked: (offsets, indices[, tiles]) of all
+        layers from one decode; tiles: the kernel's lists (`cuda.coalesce.KernelLists` for `work_spec`), else the
+        plan makes them.
         ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
         offsets, indices = stacked[:2] if stacked is not None else stack_block_lists(block_lists)
-        work = stacked[2] if stacked is not None and len(stacked) > 2 else None  # else the plan computes it
-        return PlannedAttention(table, offsets, indices, work, self.pair, self.split, ready)
+        tiles = stacked[2] if stacked is not None and len(stacked) > 2 else None  # else the plan makes them
+        return PlannedAttention(table, offsets, indices, tiles, self.pair, self.split, ready)
 
 
 class PlannedAttention:
@@ -77,8 +79,8 @@ class PlannedAttention:
     `attend(layer, q [H, L, D], k, v [H_kv, L, D], scale)` → an [H, L, D]-indexed tensor, and `model_layout`,
     the same in a Hugging Face attention function's layouts ([1, H, L, D] in, [1, L, H, D] out, no views)."""
 
-    def __init__(self, table, offsets, indices, work, pair, split, ready):
-        self.table, self.offsets, self.indices, self.work = table, offsets, indices, work
+    def __init__(self, table, offsets, indices, tiles, pair, split, ready):
+        self.table, self.offsets, self.indices, self.tiles = table, offsets, indices, tiles
         self.pair, self.split, self.ready = pair, split, ready
         self.plan: SparseAttentionPlan | None = None
 
@@ -88,7 +90,7 @@ class PlannedAttention:
         if self.ready is not None:
             torch.cuda.current_stream(q.device).wait_event(self.ready)
         self.plan = SparseAttentionPlan(self.table, self.offsets, self.indices, n_heads, n_kv_heads, head_dim, scale,
-                                        self.pair, self.split, work=self.work)
+                                        self.pair, self.split, tiles=self.tiles)
         return self.plan
 
     def __call__(self, layer, q, k, v, scale):

@@ -21,6 +21,7 @@ from ..block_table import BlockTable
 from ..layout import PromptBits, PromptLayout, random_prompt_bits
 from .plan import sparse_attention_forward
 from .work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS, work_order
+from .coalesce import KernelLists, coalesce_reference
 from .decode import CudaDecoder, WorkSpec, decode_layer_cuda
 
 ROW_BOUND = 2e-2  # worst row's ‖out − ref‖ / ‖ref‖ (bf16 inputs and output, bf16 P)
@@ -117,12 +118,11 @@ def attention_case(H: int, H_kv: int, D: int, blocks: BlockLists, seed: int = 0,
 
 def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", block_m: int = 128) -> dict:
     """The CUDA decoder on every layer of `bits` against `decode_layer` (order included), and its one-layer
-    entry point; the work order it computes alongside against `work_order`, with splits (4 SMs) and without."""
+    entry point; then the kernel's tiles of those lists (`KernelLists`, merged and not) against
+    `coalesce_reference`, and their work order against `work_order`, with splits (4 SMs) and without."""
     table = BlockTable.for_layout(bits.layout, block_m, block_n, query_blocks)
     gpu = bits.to("cuda")
-    per_step = 2 if block_n == 64 else 1
-    split, unsplit = WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS)
-    dec = CudaDecoder(gpu, table, work=split)
+    dec = CudaDecoder(gpu, table)
     res = dict(tile=bits.tile, block_m=block_m, block_n=block_n, query_blocks=query_blocks, L=bits.layout.seq_len,
                docs=len(bits.layout.docs), ok=True, layers=bits.n_layers)
     for layer in range(bits.n_layers):
@@ -140,10 +140,27 @@ def decode_case(bits: PromptBits, block_n: int, query_blocks: str = "segment", b
     last = bits.n_layers - 1
     single = _same_lists(decode_layer_cuda(gpu, table, last), decode_layer(bits, last, table))
     res["single_layer_entry_ok"] = single
-    res["work_order_ok"] = [_same_work(d.work, work_order(d.offsets, s.per_step, s.ctas, s.split_max, s.min_blocks))
-                            for d, s in ((dec, split), (CudaDecoder(gpu, table, work=unsplit), unsplit))]
-    res["ok"] = res["ok"] and single and all(res["work_order_ok"])
+    res["tiles_ok"] = tiles_match(dec.offsets, dec.indices, dec.table, per_step=2 if block_n == 64 else 1)
+    res["ok"] = res["ok"] and single and all(res["tiles_ok"])
     return res
+
+
+def tiles_match(offsets: torch.Tensor, indices: torch.Tensor, table: BlockTable, per_step: int) -> list[bool]:
+    """`KernelLists` of every layer's lists (merged with splits on 4 SMs, merged unsplit on 132, unmerged): the
+    offsets and entries equal `coalesce_reference`'s, the work order `work_order`'s."""
+    ok = []
+    ref_off = {m: coalesce_reference(offsets.cpu(), indices.cpu(), table.to("cpu"), m) for m in (True, False)}
+    for spec, merge in ((WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), True),
+                        (WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS), True),
+                        (WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), False)):
+        tiles = KernelLists(offsets, indices, table, spec, merge)
+        want_off, want_entries = ref_off[merge]
+        same = torch.equal(tiles.offsets.cpu(), want_off)
+        for z, flat in enumerate(want_entries):
+            same = same and tiles.entries[z, : len(flat)].cpu().tolist() == flat
+        want_work = work_order(tiles.offsets, spec.per_step, spec.ctas, spec.split_max, spec.min_blocks)
+        ok.append(same and _same_work(tiles.work, want_work))
+    return ok
 
 
 def _same_work(got: dict, want: dict) -> bool:

@@ -3,10 +3,9 @@ table, with no host synchronisation (identical to block_lists.decode_layer, orde
 
 Three launches cover all layers: count (one CTA per query block and 8 heads, grid z = layer), prefix sum, write.
 The index arrays are sized by the causal bound (every causal block of every head), known from the table alone,
-so nothing waits for the counts; `CudaDecoder.layer(l)` is a BlockLists view of layer l. Given the attention
-kernel's `WorkSpec`, the prefix-sum launch also computes its work order (equal to `cuda.work_order.work_order`),
-so preparing a prompt for the attention kernel launches nothing more (past the L2 cache's size, the plan regroups
-that order by KV heads: a few device ops on all layers at once).
+so nothing waits for the counts; `CudaDecoder.layer(l)` is a BlockLists view of layer l. The prefix-sum launch
+(`scan_counts`) also serves the attention kernel's tiles (`cuda.coalesce.KernelLists`): given a `WorkSpec`, it
+computes their work order alongside (equal to `cuda.work_order.work_order`).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ class WorkSpec:
     split_max: int
     min_blocks: int
 
+
 DEC_THREADS = 128
 DEC_HEADS = 8  # heads per CTA (decode.cu)
 SCAN_THREADS = 1024
@@ -52,13 +52,37 @@ def _functions(device_index: int) -> dict[str, int]:
     return fns
 
 
+def scan_counts(counts: torch.Tensor, offsets: torch.Tensor, work: dict | None, spec: WorkSpec | None,
+                n_kv_blocks: int) -> None:
+    """counts int32 [n, H, M] (entries per row) → CSR offsets [n, H, M + 1], and with `work` (the dict of
+    `cuda.work_order.work_order`, leading dim n, filled in place) the attention kernel's work order: one launch of
+    decode.cu's sift_decode_scan on the current stream."""
+    n, H, M = counts.shape
+    spec = spec or WorkSpec(1, 1, 1, 1)
+    n_bins = n_kv_blocks + 1  # a part is never longer than its row, at most N entries
+    if work and 4 * n_bins > SCAN_SMEM:
+        raise SiftError(f"the prompt's {n_kv_blocks} KV blocks are too many for the work order's histogram; use "
+                        "KV blocks of 128 (--block-n 128)")
+    launch(_functions(counts.device.index)["scan"], (n, 1, 1), (SCAN_THREADS, 1, 1), 4 * n_bins if work else 0,
+           [("counts", "p", counts.data_ptr()), ("n_heads", "i", H), ("n_qblocks", "i", M),
+            ("offsets", "p", offsets.data_ptr())]
+           + [(k, "p", work[k].data_ptr() if work else 0) for k in ("tile_order", "n_active", "cap", "slot_base")]
+           + [("per_step", "i", spec.per_step), ("ctas", "i", spec.ctas), ("split_max", "i", spec.split_max),
+              ("min_blocks", "i", spec.min_blocks), ("n_bins", "i", n_bins)], counts.device)
+
+
+def work_buffers(n: int, rows: int, split_max: int, device) -> dict[str, torch.Tensor]:
+    """Uninitialised work-order arrays for n layers of `rows` rows (filled by `scan_counts`)."""
+    sizes = {"tile_order": rows * split_max, "n_active": 1, "cap": 1, "slot_base": rows}
+    return {k: torch.empty(n, max(1, size), dtype=torch.int32, device=device) for k, size in sizes.items()}
+
+
 class CudaDecoder:
     """Bit vectors of one prompt (PromptBits on the GPU) → offsets int32 [n, H, M + 1] and indices int32
     [n, capacity] for layers `layers` (default: all), in canonical order (masked blocks first, each group
-    descending); with `work`, also `work`: the attention kernel's work order of every layer (the dict of
-    `cuda.work_order.work_order`, leading dim n)."""
+    descending)."""
 
-    def __init__(self, bits, table: BlockTable, layers: range | None = None, work: WorkSpec | None = None):
+    def __init__(self, bits, table: BlockTable, layers: range | None = None):
         check_device(bits.doc_start if bits.doc_start.numel() else bits.la, "the bit vectors")
         self.device = bits.la.device
         self.table = table.to(self.device)
@@ -83,15 +107,8 @@ class CudaDecoder:
         self.capacity = self.H * tab.causal_block_count()  # every causal block of every head: an upper bound
         self.offsets = torch.empty(n, self.H, M + 1, dtype=torch.int32, device=self.device)
         self.indices = torch.empty(n, max(1, self.capacity), dtype=torch.int32, device=self.device)
-        self.work = None
-        if work is not None:
-            R = self.H * M
-            sizes = {"tile_order": R * work.split_max, "n_active": 1, "cap": 1, "slot_base": R}
-            self.work = {k: torch.empty(n, max(1, size), dtype=torch.int32, device=self.device)
-                         for k, size in sizes.items()}
         if not (n and M and self.H):  # nothing to decode: empty lists, no tiles
-            for out in (self.offsets, *(self.work or {}).values()):
-                out.zero_()
+            self.offsets.zero_()
             return
         common = [(k, "p", t[k].data_ptr()) for k, _ in _BITS]
         common += [(k, "p", getattr(tab, k).data_ptr()) for k in ("q_start", "q_len", "kv_start", "kv_len", "kv_doc")]
@@ -104,17 +121,7 @@ class CudaDecoder:
         grid = (M, -(-self.H // DEC_HEADS), n)
         launch(fn["count"], grid, (DEC_THREADS, 1, 1), 0, common + [("counts", "p", counts.data_ptr())],
                self.device)
-        w, spec = self.work or {}, work or WorkSpec(1, 1, 1, 1)
-        n_bins = N + 1  # a part is never longer than the row, at most N blocks
-        if w and 4 * n_bins > SCAN_SMEM:
-            raise SiftError(f"the prompt's {N} KV blocks are too many for the work order's histogram; use KV "
-                            "blocks of 128 (--block-n 128)")
-        launch(fn["scan"], (n, 1, 1), (SCAN_THREADS, 1, 1), 4 * n_bins if w else 0,
-               [("counts", "p", counts.data_ptr()), ("n_heads", "i", self.H), ("n_qblocks", "i", M),
-                ("offsets", "p", self.offsets.data_ptr())]
-               + [(k, "p", w[k].data_ptr() if w else 0) for k in ("tile_order", "n_active", "cap", "slot_base")]
-               + [("per_step", "i", spec.per_step), ("ctas", "i", spec.ctas), ("split_max", "i", spec.split_max),
-                  ("min_blocks", "i", spec.min_blocks), ("n_bins", "i", n_bins)], self.device)
+        scan_counts(counts, self.offsets, None, None, N)
         launch(fn["write"], grid, (DEC_THREADS, 1, 1), 0,
                common + [("offsets", "p", self.offsets.data_ptr()), ("indices", "p", self.indices.data_ptr()),
                          ("capacity", "l", self.indices.shape[1])], self.device)

@@ -17,8 +17,10 @@ from ..attention.base import BlockLists
 from ..block_table import BlockTable
 from ..errors import SiftError
 from .attention import attention_function, kernel_config, persistent_ctas
+from .coalesce import KernelLists
+from .decode import WorkSpec
 from .runtime import PackedLaunch, TensorMapTemplate, check_device, l2_bytes, stream_handle
-from .work_order import SPLIT_MAX, grouped_for_l2, l2_group, work_order
+from .work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS, grouped_for_l2, l2_group
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int]:
@@ -52,15 +54,17 @@ class SparseAttentionPlan:
     """One prompt's sparse attention on the device: `plan(layer, q, k, v)` → out [L, H, D] (bf16).
 
     table: the prompt's BlockTable; offsets int32 [n_layers, H, M + 1] and indices int32 [n_layers, capacity]
-    (every layer's canonical CSR lists, e.g. from CudaDecoder); scale: the softmax scale; work: `work_order` of
-    the lists when already computed (it must use the same split and pairing); l2_heads: KV heads whose tiles run
-    together (None: as many as the device's L2 cache holds, `work_order.l2_group`).
+    (every layer's canonical CSR lists, e.g. from CudaDecoder); scale: the softmax scale; tiles: the lists as the
+    kernel reads them (`coalesce.KernelLists`, its work order for this plan's pairing, split and CTAs) when already
+    made, e.g. on a side stream; merge: runs of consecutive blocks computed as full tiles (False: a tile per block,
+    for comparisons); l2_heads: KV heads whose tiles run together (None: as many as the device's L2 cache holds,
+    `work_order.l2_group`).
     """
 
     def __init__(self, table: BlockTable, offsets: torch.Tensor, indices: torch.Tensor, n_heads: int,
                  n_kv_heads: int, head_dim: int, scale: float, pair: bool | None = None, split: bool = True,
-                 stages: int | None = None, extra: dict | None = None, work: dict | None = None,
-                 l2_heads: int | None = None):
+                 stages: int | None = None, extra: dict | None = None, tiles: KernelLists | None = None,
+                 l2_heads: int | None = None, merge: bool = True):
         self.device = offsets.device
         check_device(offsets, "the block lists")
         self.cfg = kernel_config(head_dim, table.block_n, pair, stages, table.block_m)
@@ -76,7 +80,11 @@ class SparseAttentionPlan:
         split_max = SPLIT_MAX if split else 1
         self.func, self.smem = attention_function(self.cfg, self.device.index, N, extra)
         ctas = persistent_ctas(self.cfg, N, self.device, extra)
-        work = work if work is not None else work_order(self.offsets, self.cfg.per_step, ctas, split_max)
+        if tiles is None:
+            tiles = KernelLists(self.offsets, self.indices, self.table,
+                                WorkSpec(self.cfg.per_step, ctas, split_max, SPLIT_MIN_BLOCKS), merge)
+        self.tiles = tiles
+        work = tiles.work
         if l2_heads is None:
             l2_heads = l2_group(self.L, head_dim, n_kv_heads, l2_bytes(self.device))
         self.work = grouped_for_l2(work, n_heads, M, l2_heads, n_heads // n_kv_heads, split_max)
@@ -99,10 +107,8 @@ class SparseAttentionPlan:
         self._strides = (q.stride(), k.stride(), v.stride())
         args = [("tq", "map", self._templates["q"].map), ("tk", "map", self._templates["k"].map),
                 ("tv", "map", self._templates["v"].map), ("out", "p", 0), ("out_row_stride", "l", self.H * self.D),
-                ("out_head_stride", "l", self.D), ("lse", "p", 0), ("offsets", "p", 0), ("indices", "p", 0),
-                ("q_start", "p", t.q_start.data_ptr()), ("q_len", "p", t.q_len.data_ptr()),
-                ("kv_start", "p", t.kv_start.data_ptr()), ("kv_len", "p", t.kv_len.data_ptr()),
-                ("tile_order", "p", 0), ("n_active", "p", 0), ("split_cap", "p", 0), ("split_max", "i", self.split_max),
+                ("out_head_stride", "l", self.D), ("lse", "p", 0), ("offsets", "p", 0), ("entries", "p", 0),
+                ("q_start", "p", t.q_start.data_ptr()), ("q_len", "p", t.q_len.data_ptr()), ("tile_order", "p", 0), ("n_active", "p", 0), ("split_cap", "p", 0), ("split_max", "i", self.split_max),
                 ("split_slot", "p", 0), ("ws", "p", self.workspace.data_ptr()),
                 ("arrivals", "p", self.arrivals.data_ptr()), ("sched", "p", self.sched.data_ptr()),
                 ("seq_len", "i", self.L), ("n_heads", "i", self.H), ("group", "i", self.H // self.H_kv),
@@ -117,8 +123,8 @@ class SparseAttentionPlan:
             return [base + i * step for i in range(t.shape[0])]
 
         w = self.work
-        return list(zip(*(rows(t) for t in (self.offsets, self.indices, w["tile_order"], w["n_active"], w["cap"],
-                                             w["slot_base"]))))
+        return list(zip(*(rows(t) for t in (self.tiles.offsets, self.tiles.entries, w["tile_order"], w["n_active"],
+                                             w["cap"], w["slot_base"]))))
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
@@ -191,7 +197,7 @@ class SparseAttentionPlan:
         values["out"].value = out_ptr
         values["lse"].value = lse.data_ptr() if lse is not None else 0
         values["write_lse"].value = 1 if lse is not None else 0
-        (values["offsets"].value, values["indices"].value, values["tile_order"].value, values["n_active"].value,
+        (values["offsets"].value, values["entries"].value, values["tile_order"].value, values["n_active"].value,
          values["split_cap"].value, values["split_slot"].value) = self._pointers[layer]
         if self.L:
             launch(stream_handle(self.device))
@@ -240,10 +246,11 @@ def stack_block_lists(block_lists: list[BlockLists]) -> tuple[torch.Tensor, torc
 def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists,
                              scale: float, return_lse: bool = False, out: torch.Tensor | None = None,
                              lse: torch.Tensor | None = None, pair: bool | None = None, split: bool = True,
-                             stages: int | None = None, extra: dict | None = None, l2_heads: int | None = None):
+                             stages: int | None = None, extra: dict | None = None, l2_heads: int | None = None,
+                             merge: bool = True):
     """Block-sparse causal attention of one layer: q [H, L, D], k/v [H_kv, L, D] bf16 → out [H, L, D] bf16
     (+ lse [H, L] fp32). `blocks` are canonical lists over their table (masked blocks first in each row); `out`
-    may be any [H, L, D]-indexed view (e.g. of an [L, H, D] buffer); l2_heads: as `SparseAttentionPlan`'s."""
+    may be any [H, L, D]-indexed view (e.g. of an [L, H, D] buffer); l2_heads, merge: as `SparseAttentionPlan`'s."""
     H, H_kv, L, D = _check_qkv(q, k, v)
     if blocks.seq_len != L or blocks.n_heads != H:
         raise SiftError(f"block lists are for H={blocks.n_heads}, L={blocks.seq_len}; attention has H={H}, L={L}")
@@ -257,6 +264,6 @@ def sparse_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if return_lse and lse is None:
         lse = torch.empty(H, L, dtype=torch.float32, device=q.device)
     plan = SparseAttentionPlan(blocks.table, blocks.offsets[None], blocks.indices[None], H, H_kv, D, scale, pair,
-                               split, stages, extra, l2_heads=l2_heads)
+                               split, stages, extra, l2_heads=l2_heads, merge=merge)
     plan(0, q, k, v, out=out, lse=lse if return_lse else None)
     return (out, lse) if return_lse else out

@@ -26,7 +26,8 @@ def work_order(offsets: torch.Tensor, per_step: int, ctas: int, split_max: int =
     `split_row`). The parts run longest first (ties: first parts before second parts, then rows in order).
     Returns per leading index: tile_order [R * split_max] (virtual tile ids, row * split_max + part; the first
     n_active are the tiles), n_active [1], cap [1], slot_base [R] (first workspace slot of a split row). The CUDA
-    decoder computes the same (`CudaDecoder(..., work=WorkSpec(...))`) in its own launches; this is its reference."""
+    kernel's tiles compute the same (`cuda.coalesce.KernelLists`, in decode.cu's prefix-sum launch); this is its
+    reference."""
     lead = offsets.shape[:-2]
     counts = (offsets[..., 1:] - offsets[..., :-1]).reshape(*lead, -1).long()  # [..., R]
     total = counts.sum(-1, keepdim=True)

@@ -62,6 +62,13 @@ def test_decode_kernel_compiles(tmp_path):
     assert len(spills) == 3 and all(s == ("0", "0") for s in spills), report
 
 
+def test_coalesce_kernel_compiles(tmp_path):
+    report = _nvcc(tmp_path, "coalesce.cu", [])
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    stacks = re.findall(r"(\d+) bytes stack frame", report)
+    assert len(spills) == 2 and all(s == ("0", "0") for s in spills) and set(stacks) == {"0"}, report
+
+
 def test_shared_memory_fits_hopper():
     """Every configuration fits with the lists of a 128K-token prompt staged (one entry per KV block, three slots),
     and 64-row query blocks over the default 64-key table leave room for two CTAs per SM up to 64K tokens."""
