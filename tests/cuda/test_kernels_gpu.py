@@ -1,5 +1,6 @@
 """The bundled kernels on a Hopper GPU: attention equals the fp32 reference row by row (poisoned outputs, LSE,
-repeat-identical), decode equals block_lists.decode_layer (order included), on plain causal prompts at awkward
+repeat-identical), decode equals block_lists.decode_layer (order included) and the kernel's tiles
+coalesce_reference, on plain causal prompts at awkward
 lengths and on document-aligned tables of awkward segments, with query blocks of 128 and of 64 rows."""
 
 import numpy as np
@@ -16,7 +17,8 @@ LENGTHS = (1, 63, 65, 127, 129, 1000, 8192 + 17)
 VARIANTS = [dict(), dict(split=False), dict(pair=False),  # pair=False only changes 64-key tables
             dict(extra={"TILE_SLOTS": 2}),  # what a prompt too long for three staged lists runs
             dict(extra={"OVERLAP": 0}),  # each tile on its own, as 64-row tiles with 128-key steps run
-            dict(l2_heads=1)]  # tiles regrouped one KV head at a time, as long prompts run (work_order.l2_group)
+            dict(l2_heads=1),  # tiles regrouped one KV head at a time, as long prompts run (work_order.l2_group)
+            dict(merge=False)]  # a tile per listed block, not runs re-cut into full tiles (cuda/coalesce.py)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -46,9 +46,9 @@ GQA = ((1, 2), (3, 1), (4, 2))  # (ratio, H_kv)
 
 
 def _variants(block_n: int, head_dim: int, block_m: int) -> list[dict]:
-    """The kernel configurations a table runs with: split-KV or not, and for 64-key blocks the pairing that is not
-    the default."""
-    out = [dict(split=True), dict(split=False)]
+    """The kernel configurations a table runs with: split-KV or not, a tile per block (runs not merged), and for
+    64-key blocks the pairing that is not the default."""
+    out = [dict(split=True), dict(split=False), dict(merge=False)]
     if block_n == 64:
         out += [dict(pair=not paired(block_n, None, head_dim, block_m), split=True)]
     return out
@@ -129,7 +129,8 @@ def variant_timings(log=log) -> list[dict]:
                         "no split": (128, dict(split=False)),
                         "stages 2": (128, dict(stages=2)), "stages 3": (128, dict(stages=3)),
                         "64-row": (64, {}), "64-row overlap on": (64, dict(extra={"OVERLAP": 1})),
-                        "64-row overlap off": (64, dict(extra={"OVERLAP": 0}))}
+                        "64-row overlap off": (64, dict(extra={"OVERLAP": 0})),
+                        "tile per block": (128, dict(merge=False)), "64-row tile per block": (64, dict(merge=False))}
             if bn == 64:
                 variants["unpaired"] = (128, dict(pair=False))
                 variants["64-row other pairing"] = (64, dict(pair=not paired(bn, None, D, 64)))
