@@ -1,5 +1,6 @@
 """Many small host tensors moved to a GPU in one copy (a prompt's bit vectors and block table are fifteen
-tensors, most of a few bytes: one copy each costs tens of microseconds of host time)."""
+tensors, most of a few bytes: one copy each costs tens of microseconds of host time): `to_device` once, or
+`StagedCopy` through a pinned buffer, restaged per prompt, whose copy a CUDA graph captures."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+
+from .errors import SiftError
 
 _ALIGN = 16
 SMALL = 1 << 16  # bytes: tensors up to this size travel packed; larger ones (long prompts' bit blobs) alone
@@ -70,3 +73,82 @@ class DeviceTensors:
         if all(t.device == device for t in tensors):
             return self
         return self.with_tensors(to_device(tensors, device))
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedLayout:
+    """Where each of a list of tensors lies in one byte buffer (16-byte aligned, in order): `pack` writes host
+    tensors' bytes into a buffer, `views` reads a buffer of the same layout (on any device) back as the tensors."""
+
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[torch.Size, ...]
+    offsets: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    size: int  # bytes of the whole buffer
+
+    @staticmethod
+    def of(tensors: list[torch.Tensor]) -> "StagedLayout":
+        offsets, nbytes, total = [], [], 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            offsets.append(total)
+            nbytes.append(n)
+            total += -(-n // _ALIGN) * _ALIGN
+        return StagedLayout(tuple(t.dtype for t in tensors), tuple(t.shape for t in tensors), tuple(offsets),
+                            tuple(nbytes), total)
+
+    def check(self, tensors: list[torch.Tensor]) -> None:
+        """SiftError unless `tensors` are host tensors of this layout's dtypes and shapes, in its order."""
+        if len(tensors) != len(self.dtypes):
+            raise SiftError(f"internal: {len(tensors)} tensors staged into a layout of {len(self.dtypes)} — stage "
+                            "the tensors the copy was built from")
+        for i, (t, dtype, shape) in enumerate(zip(tensors, self.dtypes, self.shapes)):
+            if t.dtype != dtype or t.shape != shape or t.device.type != "cpu":
+                raise SiftError(f"internal: staged tensor {i} is {t.dtype} {tuple(t.shape)} on {t.device}, the "
+                                f"layout holds {dtype} {tuple(shape)} on the host — stage the tensors the copy "
+                                "was built from")
+
+    def pack(self, tensors: list[torch.Tensor], out: np.ndarray) -> None:
+        """Write `tensors` (checked against the layout) into `out`, a uint8 array of `size` bytes."""
+        self.check(tensors)
+        for t, off, n in zip(tensors, self.offsets, self.nbytes):
+            if n:
+                raw = _bytes(t)
+                if raw is None:
+                    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+                out[off: off + n] = raw
+
+    def views(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        """The tensors as views of `buf`, a uint8 tensor of `size` bytes laid out by `pack`."""
+        out = []
+        for dtype, shape, off, n in zip(self.dtypes, self.shapes, self.offsets, self.nbytes):
+            view = buf[off: off + n].view(dtype)
+            out.append(view if len(shape) == 1 else view.view(shape))
+        return out
+
+
+class StagedCopy:
+    """Host tensors moved to a CUDA device by one copy that a CUDA graph can capture: their bytes lie in one
+    pinned host buffer (`stage` writes new tensors of the same dtypes and shapes there, host work only), and
+    `copy()` enqueues one asynchronous copy of it, on the current stream, into one device buffer of the same layout,
+    of which `views` are the tensors on the device (same dtypes and shapes). Captured, the copy is a memcpy node
+    reading the pinned buffer at each replay, so the buffer must not be restaged with other contents while a copy
+    that reads it is in flight (replays run one after another; restaging the same tensors writes the same bytes).
+    No size limit: every tensor travels in the one buffer."""
+
+    def __init__(self, tensors: list[torch.Tensor], device):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise SiftError(f"internal: a staged copy needs a CUDA device, not {device} — use to_device")
+        self.layout = StagedLayout.of(tensors)
+        self.host = torch.zeros(self.layout.size, dtype=torch.uint8, pin_memory=True)
+        self._host_bytes = self.host.numpy()  # shares the pinned memory: staging is numpy copies
+        self.device_buf = torch.empty(self.layout.size, dtype=torch.uint8, device=device)
+        self.views = self.layout.views(self.device_buf)
+        self.stage(tensors)
+
+    def stage(self, tensors: list[torch.Tensor]) -> None:
+        self.layout.pack(tensors, self._host_bytes)
+
+    def copy(self) -> None:
+        self.device_buf.copy_(self.host, non_blocking=True)
