@@ -211,12 +211,16 @@ def dense_prefill(lm: LoadedModel, ids: torch.Tensor) -> ForwardRun:
     return ForwardRun(logits.float(), past, t)
 
 
-def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
-    """The prompt's bits (every layer's) and block table on the device, the small tensors of both in one copy."""
-    bits = prompt.bits
+def prompt_host(prompt: Prompt, opts: PrefillOptions) -> tuple[PromptBits, BlockTable]:
+    """The prompt's bits (every layer's) and its block table, built on the host."""
     if opts.block_m is None:
         raise SiftError("internal: the query block size is unset; resolve the options with for_backend first")
-    table = BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
+    return prompt.bits, BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
+
+
+def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
+    """The prompt's bits (every layer's) and block table on the device, the small tensors of both in one copy."""
+    bits, table = prompt_host(prompt, opts)
     moved = to_device(bits.tensors() + table.tensors(), device)
     return bits.with_tensors(moved[: len(bits.TENSORS)]), table.with_tensors(moved[len(bits.TENSORS):])
 
@@ -224,7 +228,7 @@ def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[Prompt
 def prompt_table(prompt: Prompt, opts: PrefillOptions, device, repeat: int = 1
                  ) -> tuple[PromptBits, BlockTable, float]:
     """`prompt_tensors`, and the time (ms) until they are on the device: the median of `repeat` moves, each from an
-    idle device (a graphed prefill adds it to every replay, where one cold first move would overstate it)."""
+    idle device (one cold first move would overstate it)."""
     times = []
     for _ in range(max(1, repeat)):
         sync_device(device)

@@ -17,8 +17,8 @@ from sift_cli.config import ProfileConfig
 from sift_cli.cuda.checks import ROW_BOUND, random_block_lists
 from sift_cli.lab.datasets import write_jsonl
 from sift_cli.models import load_model
-from sift_cli.prefill import (PrefillOptions, _forward, dense_prefill, for_backend, prepare_sparse, prompt_table,
-                              prompt_tensors, sparse_prefill)
+from sift_cli.prefill import (PrefillOptions, _forward, dense_prefill, for_backend, prepare_sparse, prompt_tensors,
+                              sparse_prefill)
 from sift_cli.prefill_report import run_prefill
 from sift_cli.profile.job import profile_corpus
 from sift_cli.prompt import assemble
@@ -173,10 +173,10 @@ def test_smollm2_every_bit_set_equals_dense(tmp_path, smol_gpu):
 
 @pytest.mark.slow
 def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
-    """A captured SIFT prefill (decode + forward) replays to logits identical to eager SIFT's, for two prompts of
-    different lengths, and the report says so."""
+    """A captured SIFT prefill (the staged bits' copy, decode and forward) replays to logits identical to eager
+    SIFT's, for two prompts of different lengths, each replay restaging its prompt, and the report says so."""
     need_cuda_backend()
-    from sift_cli.prefill_graphs import GraphedPrefill
+    from sift_cli.prefill_graphs import graphed_sparse_prefill
 
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     backend = CudaBackend()
@@ -185,9 +185,11 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
         opts = for_backend(PrefillOptions(), backend, smol_gpu.head_dim, len(prompt.input_ids))
         x = torch.tensor([prompt.input_ids], device="cuda")
         eager = sparse_prefill(smol_gpu, prompt, backend, x, opts, "cuda").logits
-        bits, table, _ = prompt_table(prompt, opts, smol_gpu.device)
-        graph = GraphedPrefill(smol_gpu, x, lambda: prepare_sparse(smol_gpu, bits, table, backend, "cuda"))
-        for _ in range(2):
+        graph = graphed_sparse_prefill(smol_gpu, prompt, backend, x, opts, "cuda", repeat=2)
+        assert graph.transfer_ms > 0
+        for i in range(2):
+            if i:  # the graph's own copy refills what the decode reads
+                graph.staged.device_buf.zero_()
             logits, _ = graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(logits.float(), eager), (len(prompt.input_ids), float((logits - eager).abs().max()))
