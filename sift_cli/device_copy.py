@@ -19,6 +19,8 @@ SMALL = 1 << 16  # bytes: tensors up to this size travel packed; larger ones (lo
 def _bytes(t: torch.Tensor) -> np.ndarray | None:
     """The tensor's bytes as a flat numpy array, or None where numpy has no such dtype (bf16)."""
     try:
+        if t.dim() == 1 and t.is_contiguous() and not t.requires_grad:  # the common case, at a third of the cost
+            return t.numpy().view(np.uint8)
         return t.detach().contiguous().numpy().reshape(-1).view(np.uint8)
     except (TypeError, RuntimeError):
         return None

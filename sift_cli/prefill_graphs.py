@@ -65,24 +65,25 @@ class GraphedPrefill:
 
 def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                            decoder: str, repeat: int = 1) -> GraphedPrefill:
-    """SIFT's prefill of `prompt` captured as a graph that copies the bits and block table to the device (one
-    `StagedCopy`, the graph's `staged`), decodes them and runs the forward. Each replay first rebuilds the table
-    and stages both into the copy's pinned buffer, the per-prompt host work, so replay timings include it;
-    `transfer_ms` is that staging alone, the median of `repeat`. A prompt without bits captures full recompute's
-    forward (as `prefill._causal_prefill`), stages nothing, and has its `plan` decoded apart, for the report."""
+    """SIFT's prefill of `prompt` captured as a graph that copies the bits to the device (one `StagedCopy`, the
+    graph's `staged`), decodes them and runs the forward. Each replay first stages the prompt's bits into the
+    copy's pinned buffer, the per-prompt host work, so replay timings include it; `transfer_ms` is that staging
+    alone, the median of `repeat`. The block table is not restaged: it follows from the prompt's layout, which a
+    graph is fixed to anyway (its shapes, and the decode's scalar arguments, are captured), so it is moved once.
+    A prompt without bits captures full recompute's forward (as `prefill._causal_prefill`), stages nothing, and
+    has its `plan` decoded apart, for the report."""
     if prompt.bits.without_bits():
         graph = GraphedPrefill(lm, ids)
         bits, table = prompt_tensors(prompt, opts, lm.device)
         graph.plan = prepare_sparse(lm, bits, table, backend, decoder)
         return graph
-    bits, table = prompt_host(prompt, opts)
-    staged = StagedCopy(bits.tensors() + table.tensors(), lm.device)
-    n = len(bits.TENSORS)
-    bits, table = bits.with_tensors(staged.views[:n]), table.with_tensors(staged.views[n:])
+    host_bits, table = prompt_host(prompt, opts)
+    table = table.to(lm.device)
+    staged = StagedCopy(host_bits.tensors(), lm.device)
+    bits = host_bits.with_tensors(staged.views)
 
     def stage():
-        host_bits, host_table = prompt_host(prompt, opts)
-        staged.stage(host_bits.tensors() + host_table.tensors())
+        staged.stage(prompt.bits.tensors())
 
     def setup():
         staged.copy()

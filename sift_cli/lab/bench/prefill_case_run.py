@@ -178,7 +178,7 @@ class CaseRun:
 
     def _sift_graphed(self, prompt, backend, opts, decoder):
         """SIFT captured once (the bits' copy, decode and forward), then replayed; each replay's time includes
-        staging the bits and table into pinned memory, which `transfer` reports alone."""
+        staging the bits into pinned memory, which `transfer` reports alone."""
         lm, dev = self.case.lm, self.dev
         graph = graphed_sparse_prefill(lm, prompt, backend, self.ids, opts, decoder, self.repeat)
         runs_ms = timed(graph.replay, dev, self.repeat, self.warmup)
