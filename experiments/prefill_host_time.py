@@ -140,8 +140,7 @@ def measure(lm, prompt, repeat: int) -> dict:
                              "sift_runs": [round(x, 2) for x in sift_ms], "dense_runs": [round(x, 2) for x in dense_ms]}
     spec = backend.work_spec(table, dev, lm.head_dim)
     out["decode"] = phase(lambda: decode_all_layers(bits, table, lm.n_layers, "cuda", spec), dev, repeat)
-    out["decode_without_work_order"] = phase(lambda: decode_all_layers(bits, table, lm.n_layers, "cuda"), dev,
-                                             repeat)
+    out["decode_without_tiles"] = phase(lambda: decode_all_layers(bits, table, lm.n_layers, "cuda"), dev, repeat)
     _, stacked = decode_all_layers(bits, table, lm.n_layers, "cuda")
     out["work_order"] = phase(lambda: work_order(stacked[0], 2, sm_count(dev), SPLIT_MAX), dev, repeat)
     out["prepare"] = phase(prepare, dev, repeat)
@@ -201,7 +200,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['prompt']} ({r['tokens']} tokens), host ms / wall ms:")
         for key in ("dense_forward", "no_attention_forward", "sift_ttft", "sparse_prefill", "transfer", "decode",
-                    "decode_without_work_order", "work_order", "prepare", "sparse_forward_reused_plan"):
+                    "decode_without_tiles", "work_order", "prepare", "sparse_forward_reused_plan"):
             print(f"  {key:<28}{r[key]['host_ms']:>8.3f}{r[key]['wall_ms']:>8.3f}")
         print(f"  sparse_prefill parts: {r['sparse_prefill_parts_ms']}")
         print(f"  interleaved: {r['interleaved_ms']}")

@@ -22,8 +22,8 @@ class CudaBackend:
     DENSE_SHARE = 0.10
     waits_for_ready = True  # prepare(..., ready=event): its lists may still be decoding on a side stream
 
-    def __init__(self, pair: bool | None = None, split: bool = True):
-        self.pair, self.split = pair, split
+    def __init__(self, pair: bool | None = None, split: bool = True, merge: bool = True):
+        self.pair, self.split, self.merge = pair, split, merge  # merge: runs of blocks as full tiles (coalesce.py)
 
     @staticmethod
     def available(device: torch.device | str | None = None) -> tuple[bool, str]:
@@ -44,7 +44,8 @@ class CudaBackend:
                 return_lse: bool = False):
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
-        return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split)
+        return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split,
+                                        merge=self.merge)
 
     def query_block_rows(self, head_dim: int, seq_len: int, dense_share: float = 0.0) -> int:
         """The query block size this kernel runs a prompt fastest with (measured, docs/kernels.md): 64 rows (a
@@ -61,7 +62,7 @@ class CudaBackend:
         (`cuda.coalesce.KernelLists`)."""
         cfg = kernel_config(head_dim, table.block_n, self.pair, block_m=table.block_m)
         return WorkSpec(cfg.per_step, persistent_ctas(cfg, table.n_kv_blocks, torch.device(device)),
-                        SPLIT_MAX if self.split else 1, SPLIT_MIN_BLOCKS)
+                        SPLIT_MAX if self.split else 1, SPLIT_MIN_BLOCKS, self.merge)
 
     def prepare(self, table, block_lists: list[BlockLists], stacked=None, ready=None) -> "PlannedAttention":
         """attend(layer, q, k, v, scale) over every layer's lists, launched through one SparseAttentionPlan (built
@@ -71,7 +72,7 @@ class CudaBackend:
         ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
         offsets, indices = stacked[:2] if stacked is not None else stack_block_lists(block_lists)
         tiles = stacked[2] if stacked is not None and len(stacked) > 2 else None  # else the plan makes them
-        return PlannedAttention(table, offsets, indices, tiles, self.pair, self.split, ready)
+        return PlannedAttention(table, offsets, indices, tiles, self.pair, self.split, ready, self.merge)
 
 
 class PlannedAttention:
@@ -79,9 +80,9 @@ class PlannedAttention:
     `attend(layer, q [H, L, D], k, v [H_kv, L, D], scale)` → an [H, L, D]-indexed tensor, and `model_layout`,
     the same in a Hugging Face attention function's layouts ([1, H, L, D] in, [1, L, H, D] out, no views)."""
 
-    def __init__(self, table, offsets, indices, tiles, pair, split, ready):
+    def __init__(self, table, offsets, indices, tiles, pair, split, ready, merge=True):
         self.table, self.offsets, self.indices, self.tiles = table, offsets, indices, tiles
-        self.pair, self.split, self.ready = pair, split, ready
+        self.pair, self.split, self.ready, self.merge = pair, split, ready, merge
         self.plan: SparseAttentionPlan | None = None
 
     def _build(self, q: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int, scale: float):
@@ -90,7 +91,7 @@ class PlannedAttention:
         if self.ready is not None:
             torch.cuda.current_stream(q.device).wait_event(self.ready)
         self.plan = SparseAttentionPlan(self.table, self.offsets, self.indices, n_heads, n_kv_heads, head_dim, scale,
-                                        self.pair, self.split, tiles=self.tiles)
+                                        self.pair, self.split, tiles=self.tiles, merge=self.merge)
         return self.plan
 
     def __call__(self, layer, q, k, v, scale):

@@ -150,11 +150,10 @@ def tiles_match(offsets: torch.Tensor, indices: torch.Tensor, table: BlockTable,
     offsets and entries equal `coalesce_reference`'s, the work order `work_order`'s."""
     ok = []
     ref_off = {m: coalesce_reference(offsets.cpu(), indices.cpu(), table.to("cpu"), m) for m in (True, False)}
-    for spec, merge in ((WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), True),
-                        (WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS), True),
-                        (WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), False)):
-        tiles = KernelLists(offsets, indices, table, spec, merge)
-        want_off, want_entries = ref_off[merge]
+    for spec in (WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS), WorkSpec(per_step, 132, 1, SPLIT_MIN_BLOCKS),
+                 WorkSpec(per_step, 4, SPLIT_MAX, SPLIT_MIN_BLOCKS, merge=False)):
+        tiles = KernelLists(offsets, indices, table, spec)
+        want_off, want_entries = ref_off[spec.merge]
         same = torch.equal(tiles.offsets.cpu(), want_off)
         for z, flat in enumerate(want_entries):
             same = same and tiles.entries[z, : len(flat)].cpu().tolist() == flat

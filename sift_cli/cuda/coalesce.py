@@ -89,18 +89,17 @@ class KernelLists:
     """Every layer's lists (offsets [n, H, M + 1], indices [n, capacity], canonical, over `table`) as the attention
     kernel reads them: `offsets` [n, H, M + 1] and `entries` [n, capacity] of packed tiles of up to
     `table.block_n` keys (the kernel's KEY_BLOCK), and `work`, the
-    kernel's work order of those tiles (`cuda.work_order.work_order`'s dict, leading dim n). merge=False keeps one
-    entry per block (for comparisons)."""
+    kernel's work order of those tiles (`cuda.work_order.work_order`'s dict, leading dim n). A spec with
+    merge=False keeps one entry per block (for comparisons)."""
 
-    def __init__(self, offsets: torch.Tensor, indices: torch.Tensor, table: BlockTable, spec: WorkSpec,
-                 merge: bool = True):
+    def __init__(self, offsets: torch.Tensor, indices: torch.Tensor, table: BlockTable, spec: WorkSpec):
         check_device(offsets, "the block lists")
         device = offsets.device
         if table.seq_len >= MAX_START:
             raise SiftError(f"the cuda backend takes prompts of up to {MAX_START - 1} tokens, not {table.seq_len}")
         n, H, M1 = offsets.shape
         M, N = M1 - 1, table.n_kv_blocks
-        self.merge = merge
+        self.merge = merge = spec.merge
         self.offsets = torch.empty_like(offsets)
         self.entries = torch.empty_like(indices)  # a row never has more tiles than blocks
         self.work = work_buffers(n, H * M, spec.split_max, device)

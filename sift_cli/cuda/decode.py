@@ -23,12 +23,14 @@ from .runtime import check_device, compiled_module, function_ptr, launch
 
 @dataclass(frozen=True)
 class WorkSpec:
-    """What the attention kernel's work order depends on besides the lists (`cuda.work_order.work_order`)."""
+    """How the attention kernel's lists and work order are made from the block lists (`cuda.coalesce.KernelLists`,
+    `cuda.work_order.work_order`)."""
 
     per_step: int  # table blocks per pipeline step (2 when 64-key blocks are paired)
     ctas: int  # persistent CTAs of the attention launch
     split_max: int
     min_blocks: int
+    merge: bool = True  # runs of consecutive blocks computed as full tiles (False: a tile per block)
 
 
 DEC_THREADS = 128

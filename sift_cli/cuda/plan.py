@@ -82,7 +82,7 @@ class SparseAttentionPlan:
         ctas = persistent_ctas(self.cfg, N, self.device, extra)
         if tiles is None:
             tiles = KernelLists(self.offsets, self.indices, self.table,
-                                WorkSpec(self.cfg.per_step, ctas, split_max, SPLIT_MIN_BLOCKS), merge)
+                                WorkSpec(self.cfg.per_step, ctas, split_max, SPLIT_MIN_BLOCKS, merge))
         self.tiles = tiles
         work = tiles.work
         if l2_heads is None:

@@ -1,0 +1,84 @@
+"""SmolLM2's graphed prefill, full recompute against SIFT variants captured side by side on the same real prompts
+(essays of about 4K and 8K tokens, NQ prompts of 20 passages): the kernel's tiles merged from runs of blocks (the
+default) or a tile per block, query blocks per segment (the default) or on the grid; replays timed in turn
+(median), and SIFT's staging alone.
+
+    python experiments/graphed_variants.py --data-dir DATA --out graphed_variants.json [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from sift_cli.attention.cuda import CudaBackend
+from sift_cli.config import resolve_profile_config
+from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
+from sift_cli.models import load_model
+from sift_cli.prefill import PrefillOptions, choose_decoder, for_backend
+from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
+
+VARIANTS = {"sift": (True, "segment"), "sift, tile per block": (False, "segment"),
+            "sift, grid query blocks": (True, "grid")}
+
+
+def wall_ms(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--out", default="graphed_variants.json")
+    ap.add_argument("--work", default="/tmp/smollm2-work")
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    lm = load_model(None, device="cuda")
+    cfg = resolve_profile_config(lm.device, {}).profile
+    decoder = choose_decoder(lm.device)
+    sets = [("essays 4K", essay_prompt_set(args.data_dir, 1, 2, 1450)),
+            ("essays 8K", essay_prompt_set(args.data_dir, 1, 4, 1450)),
+            ("NQ 20 passages", nq_prompt_set(args.data_dir, 20, 2))]
+    rows = []
+    for name, pset in sets:
+        shards = ensure_shards(pset, lm, cfg, f"{args.work}/{name.replace(' ', '_')}")
+        for spec in pset.prompts:
+            prompt = compose(shards, lm, spec)
+            ids = torch.tensor([prompt.input_ids], device=lm.device)
+            graphs = {"full": GraphedPrefill(lm, ids)}
+            for variant, (merge, query_blocks) in VARIANTS.items():
+                backend = CudaBackend(merge=merge)
+                opts = for_backend(PrefillOptions(backend="cuda", query_blocks=query_blocks), backend, lm.head_dim,
+                                   len(prompt.input_ids), prompt.bits.dense_share())
+                graphs[variant] = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, 5)
+            logits = {k: g.replay()[0].float().clone() for k, g in graphs.items()}
+            times = {k: [] for k in graphs}
+            for _ in range(args.rounds):
+                for k, g in graphs.items():
+                    times[k].append(wall_ms(g.replay))
+            row = {"prompt": name, "tokens": len(prompt.input_ids),
+                   "staging_ms": graphs["sift"].transfer_ms,
+                   **{f"{k} ms": statistics.median(v) for k, v in times.items()},
+                   **{f"{k} max |logit - sift|": float((logits[k] - logits["sift"]).abs().max())
+                      for k in VARIANTS if k != "sift"}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del graphs, logits
+            torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"{'prompt':16} {'tokens':>6} " + " ".join(f"{k:>24}" for k in ["full", *VARIANTS]))
+    for r in rows:
+        print(f"{r['prompt']:16} {r['tokens']:6d} " + " ".join(f"{r[f'{k} ms']:24.3f}" for k in ["full", *VARIANTS]))
+
+
+if __name__ == "__main__":
+    main()
