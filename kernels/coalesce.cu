@@ -11,9 +11,9 @@
 // every block is its own run: one entry per block, in the list's own order (the kernel's input before merging).
 //
 // One warp per row (query head h, query block m) of one layer, CO_WARPS rows per CTA, grid y = layer:
-//   sift_coalesce_count  tiles per row -> counts[layer][h * M + m] (decode.cu's sift_decode_scan then makes the
-//                        CSR offsets and the attention kernel's work order from them);
-//   sift_coalesce_write  writes each row's entries at entries[layer * capacity + offsets[...]].
+//   sift_coalesce_count  tiles per row -> counts[layer][h * M + m], and how many need the mask (decode.cu's
+//                        sift_decode_scan then makes the CSR offsets and the attention kernel's work order);
+//   sift_coalesce_write  writes each row's entries at entries[layer * capacity + offsets[...]], in one walk.
 // The warp marks its row's blocks in a bitmap in shared memory (words ints per warp, words >= N / 32 + 1), then
 // walks the blocks from the highest down, 32 at a time: lane i takes block top - 32 c - i, finds its run's end
 // from the nearest run top at or above it (a ballot, carried across chunks), and owns the tiles whose first key
@@ -28,7 +28,7 @@ struct CoArgs {
   const int* q_start;   // [M]
   const int* kv_start;  // [N]
   const int* kv_len;    // [N]
-  int n_heads, n_qblocks, key_block, merge, words;
+  int n_heads, n_qblocks, key_shift, merge, words;  // key_block = 1 << key_shift
 };
 
 struct RowTiles {
@@ -67,25 +67,30 @@ __device__ __forceinline__ bool load_row(const CoArgs& a, unsigned* smem, RowTil
 }
 
 // The tiles whose first key lies in one lane's block: a cut at e - j * key_block (len key_block) and the bottom
-// tile of the run (len ((e - s - 1) % key_block) + 1); starts descending (the cut lies above the bottom).
+// tile of the run (len ((e - s - 1) % key_block) + 1); starts descending (the cut lies above the bottom), and
+// whether each needs the mask (count < key_block, or last key past the query block's first row q0).
 struct LaneTiles {
-  int n;
-  int start[2], len[2];
+  bool cut, bottom;        // which of the two tiles start in the block
+  int cut_start;           // the cut's tile: [cut_start, cut_start + key_block)
+  int bottom_start, bottom_len;
+  bool cut_masked, bottom_masked;
 };
 
 // One chunk of 32 blocks below `base` (lane i: block base - i); `carry` is the run end running into the chunk
-// from above, updated for the next chunk.
+// from above, updated for the next chunk. Neighbours inside the chunk come from a ballot, across its edges from
+// the bitmap; key_block is a power of two, so the cuts are shifts.
 __device__ __forceinline__ LaneTiles chunk_tiles(const CoArgs& a, const RowTiles& r, int base, int& carry) {
   const int lane = threadIdx.x & 31;
   const int kb = base - lane;
   const bool listed = kb >= 0 && bit(r.bm, kb);
+  const unsigned here = __ballot_sync(0xffffffffu, listed);
   bool up = false, down = false;
   int s = 0, l = 0;
   if (listed) {
     s = a.kv_start[kb], l = a.kv_len[kb];
     if (a.merge) {
-      up = kb + 1 <= r.top && bit(r.bm, kb + 1);
-      down = kb >= 1 && bit(r.bm, kb - 1);
+      up = lane > 0 ? (here >> (lane - 1)) & 1u : (kb + 1 <= r.top && bit(r.bm, kb + 1));
+      down = lane < 31 ? (here >> (lane + 1)) & 1u : (kb >= 1 && bit(r.bm, kb - 1));
     }
   }
   const bool is_top = listed && !up;
@@ -95,48 +100,57 @@ __device__ __forceinline__ LaneTiles chunk_tiles(const CoArgs& a, const RowTiles
   int e = __shfl_sync(0xffffffffu, s + l, src);
   if (!at_or_above) e = carry;
   carry = __shfl_sync(0xffffffffu, e, 31);
-  LaneTiles t;
-  t.n = 0;
-  if (!listed) return t;
-  const int B = a.key_block;
+  const int sh = a.key_shift, B = 1 << sh;
   const int lo = s + (down ? 0 : 1), hi = s + l;  // a cut at the run's bottom key is the bottom tile itself
-  if ((e - lo) / B != (e - hi) / B) {
-    t.start[t.n] = e - ((e - lo) / B) * B;
-    t.len[t.n++] = B;
-  }
-  if (!down) {
-    t.start[t.n] = s;
-    t.len[t.n++] = (e - s - 1) % B + 1;
-  }
+  LaneTiles t;
+  t.cut = listed && ((e - lo) >> sh) != ((e - hi) >> sh);
+  t.cut_start = e - (((e - lo) >> sh) << sh);
+  t.cut_masked = t.cut_start + B - 1 > r.q0;
+  t.bottom = listed && !down;
+  t.bottom_start = s;
+  t.bottom_len = ((e - s - 1) & (B - 1)) + 1;
+  t.bottom_masked = t.bottom_len < B || s + B - 1 > r.q0;
   return t;
 }
 
-__device__ __forceinline__ bool masked(const CoArgs& a, int start, int len, int q0) {
-  return len < a.key_block || start + a.key_block - 1 > q0;
+// Per lane, (tiles that need the mask) + (the others) << 16; a warp's or a row's sum packs both counts (a row has
+// fewer than 65,536 tiles of each kind: at most one per KV block, and decode.cu's histogram caps those at 51,200).
+__device__ __forceinline__ unsigned packed_counts(const LaneTiles& t) {
+  unsigned v = 0;
+  if (t.cut) v += t.cut_masked ? 1u : 1u << 16;
+  if (t.bottom) v += t.bottom_masked ? 1u : 1u << 16;
+  return v;
 }
 
 #define CO_PARAMS                                                                                          \
   const int *offsets, const int *indices, long long capacity, const int *q_start, const int *kv_start,     \
-      const int *kv_len, int n_heads, int n_qblocks, int key_block, int merge, int words
+      const int *kv_len, int n_heads, int n_qblocks, int key_shift, int merge, int words
 #define CO_ARGS                                                                                            \
-  CoArgs a{offsets, indices, capacity, q_start, kv_start, kv_len, n_heads, n_qblocks, key_block, merge, words};
+  CoArgs a{offsets, indices, capacity, q_start, kv_start, kv_len, n_heads, n_qblocks, key_shift, merge, words};
 
+// counts[layer][h * M + m]: the row's tiles; masked[...]: how many of them need the mask (the write pass puts the
+// others after them).
 extern "C" __global__ void __launch_bounds__(CO_WARPS * 32)
-sift_coalesce_count(CO_PARAMS, int* __restrict__ counts) {
+sift_coalesce_count(CO_PARAMS, int* __restrict__ counts, int* __restrict__ masked) {
   CO_ARGS
   extern __shared__ unsigned co_smem[];
   RowTiles r;
   if (!load_row(a, co_smem, r)) return;
-  int n = 0, carry = 0;
-  for (int base = r.top; base >= 0; base -= 32) n += chunk_tiles(a, r, base, carry).n;
+  unsigned v = 0;
+  int carry = 0;
+  for (int base = r.top; base >= 0; base -= 32) v += packed_counts(chunk_tiles(a, r, base, carry));
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-  if ((threadIdx.x & 31) == 0) counts[(long long)r.z * a.n_heads * a.n_qblocks + r.row] = n;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) {
+    const long long i = (long long)r.z * a.n_heads * a.n_qblocks + r.row;
+    counts[i] = (int)((v & 0xffffu) + (v >> 16));
+    masked[i] = (int)(v & 0xffffu);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(CO_WARPS * 32)
-sift_coalesce_write(CO_PARAMS, const int* __restrict__ tile_offsets, int* __restrict__ entries,
-                    long long entry_capacity) {
+sift_coalesce_write(CO_PARAMS, const int* __restrict__ masked, const int* __restrict__ tile_offsets,
+                    int* __restrict__ entries, long long entry_capacity) {
   CO_ARGS
   extern __shared__ unsigned co_smem[];
   RowTiles r;
@@ -152,29 +166,32 @@ sift_coalesce_write(CO_PARAMS, const int* __restrict__ tile_offsets, int* __rest
     for (int i = lane; i < off[1] - off[0]; i += 32) out[i] = (a.kv_start[idx[i]] << 8) | a.kv_len[idx[i]];
     return;
   }
-  int pos = 0;
-  for (int group = 0; group < 2; ++group) {  // 0: tiles that need a mask, 1: the rest
-    int carry = 0;
-    for (int base = r.top; base >= 0; base -= 32) {
-      const LaneTiles t = chunk_tiles(a, r, base, carry);
-      bool keep[2];
-      int mine = 0;
+  // One walk: the tiles that need the mask go from out[0] on, the others from out[n_masked] on, each in walk
+  // order (first key descending).
+  unsigned pos = 0;  // packed (masked written) + (others written) << 16, before this chunk
+  const int n_masked = masked[(long long)r.z * a.n_heads * a.n_qblocks + r.row];
+  int carry = 0;
+  for (int base = r.top; base >= 0; base -= 32) {
+    const LaneTiles t = chunk_tiles(a, r, base, carry);
+    const unsigned mine = packed_counts(t);
+    unsigned incl = mine;  // inclusive prefix over lanes: lower lanes hold higher blocks, so they go first
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        keep[i] = i < t.n && masked(a, t.start[i], t.len[i], r.q0) == (group == 0);
-        mine += keep[i];
-      }
-      int incl = mine;  // inclusive prefix over lanes: lower lanes hold higher blocks, so they go first
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      int p = pos + incl - mine;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        if (keep[i]) out[p++] = (t.start[i] << 8) | t.len[i];
-      pos += __shfl_sync(0xffffffffu, incl, 31);
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
     }
+    const unsigned p = pos + incl - mine;
+    int pm = (int)(p & 0xffffu), pu = (int)(p >> 16);
+    if (t.cut) {
+      const int e = (t.cut_start << 8) | (1 << a.key_shift);
+      if (t.cut_masked) out[pm++] = e;
+      else out[n_masked + pu++] = e;
+    }
+    if (t.bottom) {
+      const int e = (t.bottom_start << 8) | t.bottom_len;
+      if (t.bottom_masked) out[pm] = e;
+      else out[n_masked + pu] = e;
+    }
+    pos += __shfl_sync(0xffffffffu, incl, 31);
   }
 }

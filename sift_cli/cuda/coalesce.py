@@ -104,6 +104,7 @@ class KernelLists:
         self.entries = torch.empty_like(indices)  # a row never has more tiles than blocks
         self.work = work_buffers(n, H * M, spec.split_max, device)
         counts = torch.empty(n, H, M, dtype=torch.int32, device=device)
+        masked = torch.empty_like(counts)
         if not (n and H and M):
             for t in (self.offsets, counts, *self.work.values()):
                 t.zero_()
@@ -112,13 +113,15 @@ class KernelLists:
         args = [("offsets", "p", offsets.data_ptr()), ("indices", "p", indices.data_ptr()),
                 ("capacity", "l", indices.shape[1]), ("q_start", "p", table.q_start.data_ptr()),
                 ("kv_start", "p", table.kv_start.data_ptr()), ("kv_len", "p", table.kv_len.data_ptr()),
-                ("n_heads", "i", H), ("n_qblocks", "i", M), ("key_block", "i", table.block_n),
+                ("n_heads", "i", H), ("n_qblocks", "i", M), ("key_shift", "i", table.block_n.bit_length() - 1),
                 ("merge", "i", int(merge)), ("words", "i", words)]
         fn = _functions(device.index)
         grid, block, smem = (-(-H * M // CO_WARPS), n, 1), (32 * CO_WARPS, 1, 1), 4 * words * CO_WARPS
-        launch(fn["count"], grid, block, smem, args + [("counts", "p", counts.data_ptr())], device)
+        launch(fn["count"], grid, block, smem,
+               args + [("counts", "p", counts.data_ptr()), ("masked", "p", masked.data_ptr())], device)
         scan_counts(counts, self.offsets, self.work, spec, N)
         launch(fn["write"], grid, block, smem,
-               args + [("tile_offsets", "p", self.offsets.data_ptr()), ("entries", "p", self.entries.data_ptr()),
+               args + [("masked", "p", masked.data_ptr()), ("tile_offsets", "p", self.offsets.data_ptr()),
+                       ("entries", "p", self.entries.data_ptr()),
                        ("entry_capacity", "l", self.entries.shape[1])], device)
-        self._keep = (offsets, indices, table, counts)  # alive until the launches run
+        self._keep = (offsets, indices, table, counts, masked)  # alive until the launches run
