@@ -24,8 +24,8 @@ from sift_cli.cuda.runtime import sm_count
 from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
-from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, for_backend, prepare_sparse, prompt_table,
-                              prompt_tensors, dense_prefill, sparse_prefill, strongest_sdpa, sync_device)
+from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, for_backend, prepare_sparse, prompt_tensors,
+                              dense_prefill, sparse_prefill, strongest_sdpa, sync_device)
 
 
 def phase(fn, dev, repeat: int) -> dict:
@@ -90,7 +90,7 @@ def measure(lm, prompt, repeat: int) -> dict:
     ids = torch.tensor([prompt.input_ids], device=dev)
     backend = get_backend("cuda", dev)
     opts = for_backend(PrefillOptions(backend="cuda"), backend, lm.head_dim, len(prompt.input_ids))
-    bits, table, _ = prompt_table(prompt, opts, dev)
+    bits, table = prompt_tensors(prompt, opts, dev)
     plan_box: dict = {}
 
     def prepare():
@@ -175,7 +175,7 @@ def measure(lm, prompt, repeat: int) -> dict:
     out["kernels_dense"] = kernels_launched(dense)
     out["kernels_sift_forward"] = kernels_launched(sparse_forward)
     out["kernels_sift_prepare"] = kernels_launched(prepare)
-    out["kernels_transfer"] = kernels_launched(lambda: prompt_table(prompt, opts, dev))
+    out["kernels_transfer"] = kernels_launched(lambda: prompt_tensors(prompt, opts, dev))
     return out
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -223,20 +222,6 @@ def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[Prompt
     bits, table = prompt_host(prompt, opts)
     moved = to_device(bits.tensors() + table.tensors(), device)
     return bits.with_tensors(moved[: len(bits.TENSORS)]), table.with_tensors(moved[len(bits.TENSORS):])
-
-
-def prompt_table(prompt: Prompt, opts: PrefillOptions, device, repeat: int = 1
-                 ) -> tuple[PromptBits, BlockTable, float]:
-    """`prompt_tensors`, and the time (ms) until they are on the device: the median of `repeat` moves, each from an
-    idle device (one cold first move would overstate it)."""
-    times = []
-    for _ in range(max(1, repeat)):
-        sync_device(device)
-        t0 = time.perf_counter()
-        bits, table = prompt_tensors(prompt, opts, device)
-        sync_device(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return bits, table, statistics.median(times)
 
 
 @torch.inference_mode()
