@@ -34,12 +34,11 @@ from ...block_lists import allowed_cells, computed_cells
 from ...block_table import BlockTable
 from ...cuda.plan import SparseAttentionPlan
 from ...cuda.checks import document_layout, random_block_lists
-from ...cuda.coalesce import KernelLists
-from ...cuda.decode import CudaDecoder, WorkSpec
-from ...cuda.runtime import sm_count
-from ...cuda.work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS
+from ...cuda.decode import CudaDecoder
 from ...errors import SiftError
 from ...layout import random_prompt_bits
+from .decode_kernel import bench_decode
+from .kernel_timing import time_ms
 from .prefill_cases import PAPER_CA_DENSITY, PAPER_LA_DENSITY
 
 SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-135M
@@ -49,51 +48,6 @@ BLOCK_NS = (128, 64)
 BLOCK_MS = (128, 64)  # query block rows: two consumer warpgroups per CTA, or one with two CTAs per SM
 AGREE_BOUND = 1e-2
 DOC_LENGTHS = {(32, 8, 128): (300, 3000), (9, 3, 64): (450, 650)}  # 8B RAG documents; SmolLM2 NQ-like passages
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Timing
-# ----------------------------------------------------------------------------------------------------------
-
-def time_ms(fn, warmup: int = 3, reps: int = 10, budget_ms: float = 4000.0) -> float:
-    """Median time of fn() in ms from CUDA events; warm-up first; fewer reps when one call is long."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    one = start.elapsed_time(end)
-    reps = max(3, min(reps, int(budget_ms / max(one, 1e-3))))
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        times.append((s, e))
-    torch.cuda.synchronize()
-    return float(np.median([s.elapsed_time(e) for s, e in times]))
-
-
-def graph_time_ms(fn, reps: int = 50) -> float | None:
-    """GPU time of fn() from CUDA-graph replays (no host launch overhead); None if capture fails."""
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        return time_ms(g.replay, warmup=3, reps=reps)
-    except Exception:
-        return None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -211,41 +165,6 @@ def interleaved_ms(fns: dict, rounds: int) -> dict:
         for n, fn in fns.items():
             times[n].append(time_ms(fn))
     return {n: float(np.median(t)) for n, t in times.items()}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Decode benchmark
-# ----------------------------------------------------------------------------------------------------------
-
-def bench_decode(lengths=(15360, 32768, 65536), shapes=((32, 32), (30, 9)), block_n: int = 64,
-                 log=print) -> list[dict]:
-    """Every layer decoded in one go (count, scan, write) and made the kernel's tiles (`KernelLists`: count, scan
-    with the work order, write), GPU time per layer: the paper's shape (32 layers,
-    32 heads) and SmolLM2's (30, 9); 2,048-token documents, bits at the paper's densities."""
-    rows = []
-    for n_layers, n_heads in shapes:
-        for L in lengths:
-            rng = np.random.default_rng(L)
-            layout = document_layout(rng, L, 2048, 2048, prefix_len=48, suffix_len=96)
-            bits = random_prompt_bits(layout, 64, n_layers, n_heads, PAPER_LA_DENSITY, PAPER_CA_DENSITY,
-                                      rng)[0].to("cuda")
-            table = BlockTable.for_layout(layout, 128, block_n).to("cuda")
-            spec = WorkSpec(2 if block_n == 64 else 1, 2 * sm_count(table.device), SPLIT_MAX, SPLIT_MIN_BLOCKS)
-
-            def decode():  # what a prefill prepares: the lists, then the kernel's tiles and their work order
-                dec = CudaDecoder(bits, table)
-                KernelLists(dec.offsets, dec.indices, dec.table, spec)
-
-            eager = time_ms(decode, warmup=3, reps=20)
-            graphed = graph_time_ms(decode)
-            ms = graphed if graphed is not None else eager
-            rows.append(dict(kind="decode", L=L, layers=n_layers, heads=n_heads, tile=64, block_n=block_n,
-                             ms_all_layers=ms, ms_per_layer=ms / n_layers, ms_eager_all_layers=eager,
-                             timing="cuda graph" if graphed is not None else "eager",
-                             target_ms={15360: 0.04, 32768: 0.075, 65536: 0.14}.get(L)))
-            log(f"decode {n_layers}x{n_heads} L={L}: {ms / n_layers:.4f} ms/layer GPU ({rows[-1]['timing']}; "
-                f"all layers {ms:.3f} ms)")
-    return rows
 
 
 # ----------------------------------------------------------------------------------------------------------
