@@ -1,6 +1,6 @@
 """A prefill captured once per prompt as a CUDA graph (decode and forward; static shapes) and replayed: full
-recompute, or SIFT, whose graph also copies the prompt's bits and block table from a pinned host buffer that each
-replay restages first."""
+recompute, or SIFT, whose graph also copies the prompt's bits from a pinned host buffer that each replay restages
+first."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class GraphedPrefill:
     """One mode's prefill of one prompt captured as a CUDA graph (decode and forward; static shapes): `replay()`
     runs `before_replay()` (host work each replay needs first, e.g. restaging the graph's inputs) and the graph,
     and returns (logits, past) computed again; `capture_ms` is what building it cost; `transfer_ms` the host time
-    of `before_replay` alone, part of each replay's (`graphed_sparse_prefill`: staging SIFT's bits and table)."""
+    of `before_replay` alone, part of each replay's (`graphed_sparse_prefill`: staging SIFT's bits)."""
 
     def __init__(self, lm: LoadedModel, ids: torch.Tensor, sparse_setup=None, before_replay=None):
         self.lm = lm
