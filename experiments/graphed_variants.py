@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
 from sift_cli.attention.cuda import CudaBackend
 from sift_cli.config import resolve_profile_config
+from sift_cli.lab.bench.prefill_timing import timed
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
 from sift_cli.prefill import PrefillOptions, choose_decoder, for_backend
@@ -24,14 +24,6 @@ from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 
 VARIANTS = {"sift": (True, "segment"), "sift, tile per block": (False, "segment"),
             "sift, grid query blocks": (True, "grid")}
-
-
-def wall_ms(fn) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def main() -> None:
@@ -63,7 +55,7 @@ def main() -> None:
             times = {k: [] for k in graphs}
             for _ in range(args.rounds):
                 for k, g in graphs.items():
-                    times[k].append(wall_ms(g.replay))
+                    times[k] += timed(g.replay, lm.device, 1, 0)
             row = {"prompt": name, "tokens": len(prompt.input_ids),
                    "staging_ms": graphs["sift"].transfer_ms,
                    **{f"{k} ms": statistics.median(v) for k, v in times.items()},

@@ -89,15 +89,15 @@ def choose_decoder(device: torch.device) -> str:
     return "cuda" if CudaBackend.available(device)[0] else "torch"
 
 
-def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decoder: str = "torch", work=None
+def decode_all_layers(bits: PromptBits, table: BlockTable, n_layers: int, decoder: str = "torch", spec=None
                       ) -> tuple[Sequence[BlockLists], tuple | None]:
     """Every layer's CSR lists over `table` (bits already on the device), and, from the CUDA decoder, the stacked
     (offsets, indices, tiles) of all layers; tiles: the attention kernel's lists and work order
-    (`cuda.coalesce.KernelLists`) when `work` (a cuda.decode.WorkSpec) asks for them, else None. The CUDA decoder
+    (`cuda.coalesce.KernelLists`) when `spec` (a cuda.decode.WorkSpec) asks for them, else None. The CUDA decoder
     never waits for the device."""
     if decoder == "cuda":
         dec = CudaDecoder(bits, table, layers=range(n_layers))
-        tiles = KernelLists(dec.offsets, dec.indices, dec.table, work) if work is not None else None
+        tiles = KernelLists(dec.offsets, dec.indices, dec.table, spec) if spec is not None else None
         return DecodedLayers(dec), (dec.offsets, dec.indices, tiles)
     return decode_layers(bits, table, n_layers), None
 
@@ -210,16 +210,16 @@ def dense_prefill(lm: LoadedModel, ids: torch.Tensor) -> ForwardRun:
     return ForwardRun(logits.float(), past, t)
 
 
-def prompt_host(prompt: Prompt, opts: PrefillOptions) -> tuple[PromptBits, BlockTable]:
-    """The prompt's bits (every layer's) and its block table, built on the host."""
+def prompt_block_table(prompt: Prompt, opts: PrefillOptions) -> BlockTable:
+    """The prompt's block table, built on the host."""
     if opts.block_m is None:
         raise SiftError("internal: the query block size is unset; resolve the options with for_backend first")
-    return prompt.bits, BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
+    return BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
 
 
 def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
     """The prompt's bits (every layer's) and block table on the device, the small tensors of both in one copy."""
-    bits, table = prompt_host(prompt, opts)
+    bits, table = prompt.bits, prompt_block_table(prompt, opts)
     moved = to_device(bits.tensors() + table.tensors(), device)
     return bits.with_tensors(moved[: len(bits.TENSORS)]), table.with_tensors(moved[len(bits.TENSORS):])
 

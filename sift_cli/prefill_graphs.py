@@ -13,7 +13,8 @@ import torch
 from .attention.integration import causal_attention, sparse_attention
 from .device_copy import StagedCopy
 from .models import LoadedModel
-from .prefill import PrefillOptions, _forward, prepare_sparse, prompt_host, prompt_tensors, strongest_sdpa, sync_device
+from .prefill import (PrefillOptions, _forward, prepare_sparse, prompt_block_table, prompt_tensors, strongest_sdpa,
+                      sync_device)
 from .prompt import Prompt
 
 
@@ -77,10 +78,9 @@ def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.
         bits, table = prompt_tensors(prompt, opts, lm.device)
         graph.plan = prepare_sparse(lm, bits, table, backend, decoder)
         return graph
-    host_bits, table = prompt_host(prompt, opts)
-    table = table.to(lm.device)
-    staged = StagedCopy(host_bits.tensors(), lm.device)
-    bits = host_bits.with_tensors(staged.views)
+    table = prompt_block_table(prompt, opts).to(lm.device)
+    staged = StagedCopy(prompt.bits.tensors(), lm.device)
+    bits = prompt.bits.with_tensors(staged.views)
 
     def stage():
         staged.stage(prompt.bits.tensors())

@@ -72,8 +72,8 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
 
 def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stacked=None, ready=None) -> SparsePlan:
     """The backend's per-prompt form of every layer's lists. stacked: (offsets [n_layers, H, M + 1], indices
-    [n_layers, capacity], work order or None) when the lists come from one decode of all layers (the cuda backend
-    uses it as is). ready: a CUDA event the lists wait for, for a backend that `waits_for_ready`."""
+    [n_layers, capacity], the cuda kernel's tiles or None) when the lists come from one decode of all layers (the
+    cuda backend uses it as is). ready: a CUDA event the lists wait for, for a backend that `waits_for_ready`."""
     prepare = getattr(backend, "prepare", None)
     if prepare is not None:
         attend = prepare(table, block_lists, stacked) if ready is None else prepare(table, block_lists, stacked,
