@@ -99,14 +99,13 @@ class KernelLists:
             raise SiftError(f"the cuda backend takes prompts of up to {MAX_START - 1} tokens, not {table.seq_len}")
         n, H, M1 = offsets.shape
         M, N = M1 - 1, table.n_kv_blocks
-        self.merge = merge = spec.merge
         self.offsets = torch.empty_like(offsets)
         self.entries = torch.empty_like(indices)  # a row never has more tiles than blocks
         self.work = work_buffers(n, H * M, spec.split_max, device)
         counts = torch.empty(n, H, M, dtype=torch.int32, device=device)
         masked = torch.empty_like(counts)
         if not (n and H and M):
-            for t in (self.offsets, counts, *self.work.values()):
+            for t in (self.offsets, *self.work.values()):
                 t.zero_()
             return
         words = N // 32 + 1
@@ -114,7 +113,7 @@ class KernelLists:
                 ("capacity", "l", indices.shape[1]), ("q_start", "p", table.q_start.data_ptr()),
                 ("kv_start", "p", table.kv_start.data_ptr()), ("kv_len", "p", table.kv_len.data_ptr()),
                 ("n_heads", "i", H), ("n_qblocks", "i", M), ("key_shift", "i", table.block_n.bit_length() - 1),
-                ("merge", "i", int(merge)), ("words", "i", words)]
+                ("merge", "i", int(spec.merge)), ("words", "i", words)]
         fn = _functions(device.index)
         grid, block, smem = (-(-H * M // CO_WARPS), n, 1), (32 * CO_WARPS, 1, 1), 4 * words * CO_WARPS
         launch(fn["count"], grid, block, smem,
