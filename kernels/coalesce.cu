@@ -15,11 +15,16 @@
 //                        sift_decode_scan then makes the CSR offsets and the attention kernel's work order);
 //   sift_coalesce_write  writes each row's entries at entries[layer * capacity + offsets[...]], in one walk.
 // The warp marks its row's blocks in a bitmap in shared memory (words ints per warp, words >= N / 32 + 1), then
-// walks the blocks from the highest down, 32 at a time: lane i takes block top - 32 c - i, finds its run's end
-// from the nearest run top at or above it (a ballot, carried across chunks), and owns the tiles whose first key
-// lies in its block (at most two: one cut at e - j * key_block, and the run's bottom tile).
+// walks only the listed blocks, from the highest down: 32 bitmap words at a time are expanded (one word per lane)
+// into a descending list of their set blocks in shared memory (at most CO_LIST = 32 * 32 entries), which the warp
+// takes 32 at a time. Lane i takes one listed block, finds its run's end from the nearest run top at or above it
+// in the list (a ballot, carried across chunks; consecutive listed blocks of a run are consecutive entries), and
+// owns the tiles whose first key lies in its block (at most two: one cut at e - j * key_block, and the run's
+// bottom tile). A row costs its listed blocks, not its span: at 64K most of a row's 32-block spans hold a
+// block or two.
 
 #define CO_WARPS 4
+#define CO_LIST 1024  // listed blocks staged per warp: 32 bitmap words of 32 blocks
 
 struct CoArgs {
   const int* offsets;   // [n_layers][H][M + 1] block lists
@@ -34,6 +39,7 @@ struct CoArgs {
 struct RowTiles {
   int row, z, q0, top;  // top: the highest listed block (-1: empty row)
   unsigned* bm;         // the row's bitmap of listed blocks
+  int* list;            // CO_LIST entries: a batch of listed blocks, descending
 };
 
 __device__ __forceinline__ bool bit(const unsigned* bm, int kb) { return (bm[kb >> 5] >> (kb & 31)) & 1u; }
@@ -51,6 +57,7 @@ __device__ __forceinline__ bool load_row(const CoArgs& a, unsigned* smem, RowTil
   const int* idx = a.indices + (long long)r.z * a.capacity + start;
   r.q0 = a.q_start[m];
   r.bm = smem + warp * a.words;
+  r.list = (int*)(smem + CO_WARPS * a.words) + warp * CO_LIST;
   for (int w = lane; w < a.words; w += 32) r.bm[w] = 0u;
   __syncwarp();
   int top = -1;
@@ -76,21 +83,19 @@ struct LaneTiles {
   bool cut_masked, bottom_masked;
 };
 
-// One chunk of 32 blocks below `base` (lane i: block base - i); `carry` is the run end running into the chunk
-// from above, updated for the next chunk. Neighbours inside the chunk come from a ballot, across its edges from
-// the bitmap; key_block is a power of two, so the cuts are shifts.
-__device__ __forceinline__ LaneTiles chunk_tiles(const CoArgs& a, const RowTiles& r, int base, int& carry) {
+// One chunk of up to 32 listed blocks, descending (lane i: block kb, -1 past the last); `carry` is the run end
+// running into the chunk from above, updated for the next chunk. Neighbours come from the bitmap; key_block is a
+// power of two, so the cuts are shifts.
+__device__ __forceinline__ LaneTiles chunk_tiles(const CoArgs& a, const RowTiles& r, int kb, int& carry) {
   const int lane = threadIdx.x & 31;
-  const int kb = base - lane;
-  const bool listed = kb >= 0 && bit(r.bm, kb);
-  const unsigned here = __ballot_sync(0xffffffffu, listed);
+  const bool listed = kb >= 0;
   bool up = false, down = false;
   int s = 0, l = 0;
   if (listed) {
     s = a.kv_start[kb], l = a.kv_len[kb];
     if (a.merge) {
-      up = lane > 0 ? (here >> (lane - 1)) & 1u : (kb + 1 <= r.top && bit(r.bm, kb + 1));
-      down = lane < 31 ? (here >> (lane + 1)) & 1u : (kb >= 1 && bit(r.bm, kb - 1));
+      up = bit(r.bm, kb + 1);  // words > N / 32: bit N exists, and is clear
+      down = kb >= 1 && bit(r.bm, kb - 1);
     }
   }
   const bool is_top = listed && !up;
@@ -111,6 +116,37 @@ __device__ __forceinline__ LaneTiles chunk_tiles(const CoArgs& a, const RowTiles
   t.bottom_len = ((e - s - 1) & (B - 1)) + 1;
   t.bottom_masked = t.bottom_len < B || s + B - 1 > r.q0;
   return t;
+}
+
+// Calls f(chunk_tiles(...)) for every chunk of the row's listed blocks, highest first (warp-uniform calls).
+template <class F>
+__device__ __forceinline__ void walk_listed(const CoArgs& a, const RowTiles& r, F f) {
+  const int lane = threadIdx.x & 31;
+  int carry = 0;
+  for (int w0 = r.top >> 5; w0 >= 0; w0 -= 32) {
+    const int w = w0 - lane;  // lower lanes hold higher words
+    unsigned bits = w >= 0 ? r.bm[w] : 0u;
+    const int c = __popc(bits);
+    int incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (total == 0) continue;
+    for (int p = incl - c; bits; ++p) {
+      const int hi = 31 - __clz(bits);
+      r.list[p] = (w << 5) + hi;
+      bits &= ~(1u << hi);
+    }
+    __syncwarp();
+    for (int i0 = 0; i0 < total; i0 += 32) {
+      const int i = i0 + lane;
+      f(chunk_tiles(a, r, i < total ? r.list[i] : -1, carry));
+    }
+    __syncwarp();  // the next batch rewrites the list
+  }
 }
 
 // Per lane, (tiles that need the mask) + (the others) << 16; a warp's or a row's sum packs both counts (a row has
@@ -137,8 +173,7 @@ sift_coalesce_count(CO_PARAMS, int* __restrict__ counts, int* __restrict__ maske
   RowTiles r;
   if (!load_row(a, co_smem, r)) return;
   unsigned v = 0;
-  int carry = 0;
-  for (int base = r.top; base >= 0; base -= 32) v += packed_counts(chunk_tiles(a, r, base, carry));
+  walk_listed(a, r, [&](const LaneTiles& t) { v += packed_counts(t); });
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   if ((threadIdx.x & 31) == 0) {
@@ -170,9 +205,7 @@ sift_coalesce_write(CO_PARAMS, const int* __restrict__ masked, const int* __rest
   // order (first key descending).
   unsigned pos = 0;  // packed (masked written) + (others written) << 16, before this chunk
   const int n_masked = masked[(long long)r.z * a.n_heads * a.n_qblocks + r.row];
-  int carry = 0;
-  for (int base = r.top; base >= 0; base -= 32) {
-    const LaneTiles t = chunk_tiles(a, r, base, carry);
+  walk_listed(a, r, [&](const LaneTiles& t) {
     const unsigned mine = packed_counts(t);
     unsigned incl = mine;  // inclusive prefix over lanes: lower lanes hold higher blocks, so they go first
 #pragma unroll
@@ -193,5 +226,5 @@ sift_coalesce_write(CO_PARAMS, const int* __restrict__ masked, const int* __rest
       else out[n_masked + pu] = e;
     }
     pos += __shfl_sync(0xffffffffu, incl, 31);
-  }
+  });
 }

@@ -16,10 +16,11 @@ import torch
 
 from ..block_table import BlockTable
 from ..errors import SiftError
-from .decode import WorkSpec, scan_counts, work_buffers
+from .decode import WorkSpec, check_work_blocks, scan_counts, work_buffers
 from .runtime import check_device, compiled_module, function_ptr, launch
 
 CO_WARPS = 4  # rows (one warp each) per CTA, coalesce.cu
+CO_LIST = 1024  # listed blocks staged per warp, coalesce.cu
 MAX_START = 1 << 23  # an entry packs (first key << 8) | key count into an int32
 
 
@@ -99,6 +100,7 @@ class KernelLists:
             raise SiftError(f"the cuda backend takes prompts of up to {MAX_START - 1} tokens, not {table.seq_len}")
         n, H, M1 = offsets.shape
         M, N = M1 - 1, table.n_kv_blocks
+        check_work_blocks(N)  # before any launch; it also bounds the shared memory below (42 KB at the cap)
         self.offsets = torch.empty_like(offsets)
         self.entries = torch.empty_like(indices)  # a row never has more tiles than blocks
         self.work = work_buffers(n, H * M, spec.split_max, device)
@@ -115,7 +117,8 @@ class KernelLists:
                 ("n_heads", "i", H), ("n_qblocks", "i", M), ("key_shift", "i", table.block_n.bit_length() - 1),
                 ("merge", "i", int(spec.merge)), ("words", "i", words)]
         fn = _functions(device.index)
-        grid, block, smem = (-(-H * M // CO_WARPS), n, 1), (32 * CO_WARPS, 1, 1), 4 * words * CO_WARPS
+        grid, block = (-(-H * M // CO_WARPS), n, 1), (32 * CO_WARPS, 1, 1)
+        smem = 4 * (words + CO_LIST) * CO_WARPS
         launch(fn["count"], grid, block, smem,
                args + [("counts", "p", counts.data_ptr()), ("masked", "p", masked.data_ptr())], device)
         scan_counts(counts, self.offsets, self.work, spec, N)

@@ -54,6 +54,13 @@ def _functions(device_index: int) -> dict[str, int]:
     return fns
 
 
+def check_work_blocks(n_kv_blocks: int) -> None:
+    """The work order's histogram (sift_decode_scan's shared memory) holds a part of any length up to N."""
+    if 4 * (n_kv_blocks + 1) > SCAN_SMEM:
+        raise SiftError(f"the prompt's {n_kv_blocks} KV blocks are too many for the work order's histogram; use "
+                        "KV blocks of 128 (--block-n 128)")
+
+
 def scan_counts(counts: torch.Tensor, offsets: torch.Tensor, work: dict | None, spec: WorkSpec | None,
                 n_kv_blocks: int) -> None:
     """counts int32 [n, H, M] (entries per row) → CSR offsets [n, H, M + 1], and with `work` (the dict of
@@ -62,9 +69,8 @@ def scan_counts(counts: torch.Tensor, offsets: torch.Tensor, work: dict | None, 
     n, H, M = counts.shape
     spec = spec or WorkSpec(1, 1, 1, 1)
     n_bins = n_kv_blocks + 1  # a part is never longer than its row, at most N entries
-    if work and 4 * n_bins > SCAN_SMEM:
-        raise SiftError(f"the prompt's {n_kv_blocks} KV blocks are too many for the work order's histogram; use "
-                        "KV blocks of 128 (--block-n 128)")
+    if work:
+        check_work_blocks(n_kv_blocks)
     launch(_functions(counts.device.index)["scan"], (n, 1, 1), (SCAN_THREADS, 1, 1), 4 * n_bins if work else 0,
            [("counts", "p", counts.data_ptr()), ("n_heads", "i", H), ("n_qblocks", "i", M),
             ("offsets", "p", offsets.data_ptr())]
