@@ -1,7 +1,7 @@
 """SmolLM2's graphed prefill, full recompute against SIFT variants captured side by side on the same real prompts
 (essays of about 4K and 8K tokens, NQ prompts of 20 passages): the kernel's tiles merged from runs of blocks (the
-default) or a tile per block, query blocks per segment (the default) or on the grid; replays timed in turn
-(median), and SIFT's staging alone.
+default) or a tile per block, query blocks per segment (the default) or on the grid (the backend's rows, or 128);
+replays timed in turn (median), and SIFT's staging alone.
 
     python experiments/graphed_variants.py --data-dir DATA --out graphed_variants.json [--rounds 15]
 """
@@ -22,8 +22,10 @@ from sift_cli.models import load_model
 from sift_cli.prefill import PrefillOptions, choose_decoder, for_backend
 from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 
-VARIANTS = {"sift": (True, "segment"), "sift, tile per block": (False, "segment"),
-            "sift, grid query blocks": (True, "grid")}
+# (merged tiles, query blocks, query block rows; None: the backend's choice)
+VARIANTS = {"sift": (True, "segment", None), "sift, tile per block": (False, "segment", None),
+            "sift, grid query blocks": (True, "grid", None),
+            "sift, grid query blocks of 128 rows": (True, "grid", 128)}
 
 
 def main() -> None:
@@ -46,10 +48,10 @@ def main() -> None:
             prompt = compose(shards, lm, spec)
             ids = torch.tensor([prompt.input_ids], device=lm.device)
             graphs = {"full": GraphedPrefill(lm, ids)}
-            for variant, (merge, query_blocks) in VARIANTS.items():
+            for variant, (merge, query_blocks, block_m) in VARIANTS.items():
                 backend = CudaBackend(merge=merge)
-                opts = for_backend(PrefillOptions(backend="cuda", query_blocks=query_blocks), backend, lm.head_dim,
-                                   len(prompt.input_ids), prompt.bits.dense_share())
+                opts = for_backend(PrefillOptions(backend="cuda", query_blocks=query_blocks, block_m=block_m),
+                                   backend, lm.head_dim, len(prompt.input_ids), prompt.bits.dense_share())
                 graphs[variant] = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, 5)
             logits = {k: g.replay()[0].float().clone() for k, g in graphs.items()}
             times = {k: [] for k in graphs}
@@ -67,9 +69,9 @@ def main() -> None:
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"{'prompt':16} {'tokens':>6} " + " ".join(f"{k:>24}" for k in ["full", *VARIANTS]))
+    print(f"{'prompt':16} {'tokens':>6} " + " ".join(f"{k:>36}" for k in ["full", *VARIANTS]))
     for r in rows:
-        print(f"{r['prompt']:16} {r['tokens']:6d} " + " ".join(f"{r[f'{k} ms']:24.3f}" for k in ["full", *VARIANTS]))
+        print(f"{r['prompt']:16} {r['tokens']:6d} " + " ".join(f"{r[f'{k} ms']:36.3f}" for k in ["full", *VARIANTS]))
 
 
 if __name__ == "__main__":
