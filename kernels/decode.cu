@@ -308,7 +308,7 @@ __device__ __forceinline__ int cta_exclusive_scan(int v, int* warp_tot, int* tot
 //
 // With tile_order set it also computes the attention kernel's work order (cuda/work_order.py's work_order, equal
 // to it entry for entry), so a prompt's preparation launches nothing else: rows R = H * M are cut into parts of
-// about cap = max(min_blocks, total / (2 ctas)) blocks (at most split_max, whole steps of per_step blocks), the
+// about cap = max(min_blocks, total / ctas) blocks (at most split_max, whole steps of per_step blocks), the
 // virtual tiles v = row * split_max + part sorted by length, longest first, ties in part-major order (part, then
 // row); n_active (tiles with a part), split_cap (cap) and split_slot (first workspace slot of each split row:
 // exclusive sums of the part counts of split rows). Dynamic shared memory: n_bins ints, n_bins > the longest part.
@@ -338,7 +338,7 @@ sift_decode_scan(const int* __restrict__ counts, int n_heads, int n_qblocks, int
   }
   if (tile_order == nullptr) return;
 
-  const int cap = max(min_blocks, (int)(((long long)total + 2LL * ctas - 1) / (2LL * ctas)));
+  const int cap = max(min_blocks, (int)(((long long)total + ctas - 1) / ctas));
   int split_parts = 0, my_parts = 0;
   for (int i = lo; i < hi; ++i) {
     int parts, chunk;

@@ -88,7 +88,7 @@ class SparseAttentionPlan:
         if l2_heads is None:
             l2_heads = l2_group(self.L, head_dim, n_kv_heads, l2_bytes(self.device))
         self.work = grouped_for_l2(work, n_heads, M, l2_heads, n_heads // n_kv_heads, split_max)
-        ws_slots = 4 * ctas + 8 if split else 1  # split parts never exceed 2 * total / cap <= 4 CTAs' worth
+        ws_slots = 4 * ctas + 8 if split else 1  # split parts never exceed 2 * total / cap <= 2 CTAs' worth
         self.workspace, self.arrivals, self.sched = _scratch(self.device,
                                                              ws_slots * self.cfg.block_m * (head_dim + 2), n_heads * M)
         self.grid = (min(n_heads * M * split_max, ctas), 1, 1)

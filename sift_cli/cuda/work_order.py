@@ -21,8 +21,8 @@ def work_order(offsets: torch.Tensor, per_step: int, ctas: int, split_max: int =
     """The kernel's virtual tiles for lists `offsets` int32 [..., H, M + 1] (any leading layer dims), on the device
     with no host synchronisation.
 
-    A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / (2 ctas)), so
-    only rows much longer than a fair share per persistent CTA are split (the kernel computes the same cut,
+    A row (h, m) of n blocks is cut into parts of about `cap` blocks, cap = max(min_blocks, total / ctas), so
+    only rows longer than a persistent CTA's fair share are split (the kernel computes the same cut,
     `split_row`). The parts run longest first (ties: first parts before second parts, then rows in order).
     Returns per leading index: tile_order [R * split_max] (virtual tile ids, row * split_max + part; the first
     n_active are the tiles), n_active [1], cap [1], slot_base [R] (first workspace slot of a split row). The CUDA
@@ -31,7 +31,7 @@ def work_order(offsets: torch.Tensor, per_step: int, ctas: int, split_max: int =
     lead = offsets.shape[:-2]
     counts = (offsets[..., 1:] - offsets[..., :-1]).reshape(*lead, -1).long()  # [..., R]
     total = counts.sum(-1, keepdim=True)
-    cap = torch.clamp((total + 2 * ctas - 1) // (2 * ctas), min=min_blocks)
+    cap = torch.clamp((total + ctas - 1) // ctas, min=min_blocks)
     parts = torch.clamp((counts + cap - 1) // cap, min=1, max=split_max)
     chunk = torch.clamp(((counts + parts - 1) // parts + per_step - 1) // per_step * per_step, min=1)
     parts = torch.where(counts > 0, (counts + chunk - 1) // chunk, torch.ones_like(counts))

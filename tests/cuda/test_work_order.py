@@ -9,9 +9,9 @@ from sift_cli.cuda.work_order import grouped_for_l2, l2_group, work_order
 
 
 def test_work_order_splits_long_rows_only():
-    """Split-KV: rows far longer than a fair share per SM are cut into parts (none empty, longest first)."""
+    """Split-KV: rows longer than a fair share per CTA are cut into parts (none empty, longest first)."""
     offsets = torch.tensor([[[0, 2, 4, 6, 106]]], dtype=torch.int32)  # one head, rows of 2, 2, 2 and 100 blocks
-    w = work_order(offsets, per_step=1, ctas=2, split_max=8, min_blocks=16)
+    w = work_order(offsets, per_step=1, ctas=4, split_max=8, min_blocks=16)
     cap = int(w["cap"][0, 0])
     assert cap == max(16, -(-106 // 4))
     order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
@@ -25,7 +25,7 @@ def test_work_order_ties_are_part_major():
     """Equal lengths keep the order the CUDA decoder's counting sort gives them: first parts of every row, then
     second parts, rows in order (decode.cu computes the same order; the GPU tests compare them entry for entry)."""
     offsets = torch.tensor([[[0, 40, 80, 81]]], dtype=torch.int32)  # rows of 40, 40 and 1 blocks
-    w = work_order(offsets, per_step=1, ctas=4, split_max=8, min_blocks=16)
+    w = work_order(offsets, per_step=1, ctas=8, split_max=8, min_blocks=16)
     order = w["tile_order"][0].tolist()[: int(w["n_active"][0, 0])]
     assert order == [0 * 8 + 0, 1 * 8 + 0, 0 * 8 + 1, 1 * 8 + 1, 0 * 8 + 2, 1 * 8 + 2, 2 * 8 + 0]  # 14s, 12s, 1
     assert w["slot_base"][0].tolist() == [0, 3, 6]
