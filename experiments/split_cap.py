@@ -1,6 +1,8 @@
 """Where split-KV should start: the attention kernel alone with rows cut at the work order's cap (total blocks /
 persistent CTAs, the default), at half of it (the rule before), and never, beside cuDNN dense; GPU time from CUDA
-graphs of 20 calls (no host launch cost, which hides short kernels), interleaved rounds, median; outputs compared.
+graphs of 20 calls (no host launch cost, which hides short kernels), interleaved rounds, median; outputs compared,
+and each variant's tile count (the rows plus one per extra part: where two variants both count just the rows, nothing
+is split and their work orders are the same, so their times differ only by the run's noise).
 
 Layouts: an NQ-shaped prompt (SmolLM2's 9/3 heads at D 64, ~2.9K tokens of 100-190-token passages, every bit set)
 with segment and grid query blocks, the same passages at 8K, causal 11 % at 16K, documents with bits at the paper's
@@ -94,9 +96,10 @@ def main() -> None:
         L = blocks.table.seq_len
         q, k, v = model_layout_inputs(H, H_kv, L, D)
         scale = 1 / math.sqrt(D)
-        fns, outs = {"cudnn": cudnn_dense_fn(q, k, v, scale)[0]}, {}
+        fns, outs, tiles = {"cudnn": cudnn_dense_fn(q, k, v, scale)[0]}, {}, {}
         for variant, cap_ctas in VARIANTS.items():
             plan = plan_with_cap(blocks, H, H_kv, D, scale, cap_ctas)
+            tiles[variant] = int(plan.work["n_active"].reshape(-1)[0])  # the rows, plus one per extra part
             out = outs[variant] = torch.empty(L, H, D, dtype=torch.bfloat16, device="cuda").transpose(0, 1)
             fns[variant] = lambda p=plan, o=out: p(0, q, k, v, out=o)
         times = {n: [] for n in fns}
@@ -106,7 +109,7 @@ def main() -> None:
         t = {n: float(np.median(v)) for n, v in times.items()}
         default = outs["cap = total / CTAs"].float()
         row = {"case": name, "tokens": L, "cudnn_us": t["cudnn"],
-               **{f"{n} us": t[n] for n in VARIANTS},
+               **{f"{n} us": t[n] for n in VARIANTS}, **{f"{n} tiles": tiles[n] for n in VARIANTS},
                **{f"{n} max |out - default|": float((outs[n].float() - default).abs().max())
                   for n in VARIANTS if n != "cap = total / CTAs"}}
         rows.append(row)
