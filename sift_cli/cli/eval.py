@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
 from ..errors import SiftError
 from .console import out, print_json, progress
 from .eval_tables import render_calibrate, render_qa, render_recall, render_storage, render_sweep

@@ -9,7 +9,9 @@ import torch
 from sift_cli.block_lists import decode_layer
 from sift_cli.block_table import BlockTable
 from sift_cli.cuda.checks import awkward_layouts, random_block_lists, random_case_bits
-from sift_cli.cuda.coalesce import coalesce_reference, entry
+from sift_cli.cuda.coalesce import CO_LIST, CO_WARPS, coalesce_reference, entry
+from sift_cli.cuda.decode import SCAN_SMEM, check_work_blocks
+from sift_cli.errors import SiftError
 from sift_cli.layout import PromptLayout
 
 
@@ -90,3 +92,13 @@ def test_without_merge_entries_are_the_blocks_in_list_order():
     t_off, ent = coalesce_reference(blocks.offsets[None], blocks.indices[None], table, merge=False)
     assert torch.equal(t_off[0], blocks.offsets)
     assert ent[0] == [entry(int(table.kv_start[kb]), int(table.kv_len[kb])) for kb in blocks.indices.tolist()]
+
+
+def test_tiles_shared_memory_fits_at_the_work_orders_cap():
+    """KernelLists asks check_work_blocks before its first launch; up to that cap a CTA's bitmaps and staged lists
+    stay within the 48 KB of dynamic shared memory a launch gets without opting in."""
+    cap = SCAN_SMEM // 4 - 1
+    check_work_blocks(cap)
+    assert 4 * (cap // 32 + 1 + CO_LIST) * CO_WARPS <= 48 * 1024
+    with pytest.raises(SiftError, match="too many"):
+        check_work_blocks(cap + 1)
