@@ -29,24 +29,16 @@ from sift_cli.cuda.decode import CudaDecoder, WorkSpec
 from sift_cli.cuda.plan import SparseAttentionPlan
 from sift_cli.cuda.work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS
 from sift_cli.lab.bench.attention_kernels import cudnn_dense_fn, document_case, model_layout_inputs
-from sift_cli.lab.bench.kernel_timing import time_ms
+from sift_cli.lab.bench.kernel_timing import graph_time_ms
 from sift_cli.layout import random_prompt_bits
 
 
-def graph_us(fn, calls: int = 20) -> float:
-    """GPU time of one fn() in µs, from replays of a graph of `calls` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return 1e3 * time_ms(graph.replay, warmup=3, reps=30) / calls
+def graph_us(fn) -> float:
+    """GPU time of one fn() in µs, from replays of a CUDA graph of 20 calls."""
+    ms = graph_time_ms(fn, reps=30, calls=20)
+    if ms is None:
+        raise RuntimeError("CUDA-graph capture failed")
+    return 1e3 * ms
 
 
 def all_bits_lists(H: int, L: int, query_blocks: str):

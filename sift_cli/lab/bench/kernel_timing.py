@@ -30,8 +30,9 @@ def time_ms(fn, warmup: int = 3, reps: int = 10, budget_ms: float = 4000.0) -> f
     return float(np.median([s.elapsed_time(e) for s, e in times]))
 
 
-def graph_time_ms(fn, reps: int = 50) -> float | None:
-    """GPU time of fn() from CUDA-graph replays (no host launch overhead); None if capture fails."""
+def graph_time_ms(fn, reps: int = 50, calls: int = 1) -> float | None:
+    """GPU time of one fn() from replays of a CUDA graph of `calls` calls (no host launch overhead; several calls
+    amortise the graph's own launch for short kernels); None if capture fails."""
     try:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -40,9 +41,10 @@ def graph_time_ms(fn, reps: int = 50) -> float | None:
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            fn()
+            for _ in range(calls):
+                fn()
         g.replay()
         torch.cuda.synchronize()
-        return time_ms(g.replay, warmup=3, reps=reps)
+        return time_ms(g.replay, warmup=3, reps=reps) / calls
     except Exception:
         return None
