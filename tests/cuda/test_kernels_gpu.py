@@ -9,7 +9,8 @@ import torch
 
 from sift_cli.block_lists import decode_layer
 from sift_cli.block_table import BlockTable
-from sift_cli.cuda.checks import attention_case, awkward_layouts, decode_case, random_block_lists, random_case_bits
+from sift_cli.cuda.checks import (attention_case, awkward_layouts, decode_case, document_layout, random_block_lists,
+                                  random_case_bits, tiles_match)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.hopper]
 
@@ -158,6 +159,19 @@ def test_decode_kernel_awkward_and_long():
             for bm in (128, 64):
                 r = decode_case(bits, bn, block_m=bm)
                 assert r["ok"], r
+
+
+def test_tiles_of_rows_past_1024_blocks():
+    """coalesce.cu stages a row's listed blocks 32 bitmap words (1,024 blocks) at a time: rows reaching past that
+    take several batches, the runs carried across them (prompts of 70K-140K tokens, 64-key blocks)."""
+    tables = [BlockTable.causal(70000, 64, 64, device="cuda"), BlockTable.causal(140000, 128, 64, device="cuda"),
+              BlockTable.for_layout(document_layout(np.random.default_rng(3), 70000, 100, 700), 64, 64,
+                                    device="cuda")]
+    for i, table in enumerate(tables):
+        assert table.n_kv_blocks > 1024
+        for density in (1.0, 0.3, 0.97):
+            blocks = random_block_lists(table, 1, density, seed=i)
+            assert all(tiles_match(blocks.offsets[None], blocks.indices[None], table, per_step=2)), (i, density)
 
 
 def test_tensor_map_template_copied_from_the_cache_equals_a_fresh_encode():
