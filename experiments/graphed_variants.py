@@ -17,7 +17,7 @@ import torch
 from sift_cli.attention.cuda import CudaBackend
 from sift_cli.config import resolve_profile_config
 from sift_cli.lab.bench.prefill_timing import timed
-from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
+from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, smollm2_real_prompt_sets
 from sift_cli.models import load_model
 from sift_cli.prefill import PrefillOptions, choose_decoder, for_backend
 from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
@@ -38,9 +38,7 @@ def main() -> None:
     lm = load_model(None, device="cuda")
     cfg = resolve_profile_config(lm.device, {}).profile
     decoder = choose_decoder(lm.device)
-    sets = [("essays 4K", essay_prompt_set(args.data_dir, 1, 2, 1450)),
-            ("essays 8K", essay_prompt_set(args.data_dir, 1, 4, 1450)),
-            ("NQ 20 passages", nq_prompt_set(args.data_dir, 20, 2))]
+    sets = smollm2_real_prompt_sets(args.data_dir)
     rows = []
     for name, pset in sets:
         shards = ensure_shards(pset, lm, cfg, f"{args.work}/{name.replace(' ', '_')}")

@@ -14,7 +14,7 @@ import json
 from sift_cli.block_lists import cells_over_allowed, computed_cells, decode_layers
 from sift_cli.block_table import BlockTable
 from sift_cli.config import resolve_profile_config
-from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
+from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, smollm2_real_prompt_sets
 from sift_cli.models import load_model
 
 
@@ -27,9 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     lm = load_model(None, device="cpu")
     cfg = resolve_profile_config(lm.device, {}).profile
-    sets = [("NQ 20 passages", nq_prompt_set(args.data_dir, 20, 2)),
-            ("essays 4K", essay_prompt_set(args.data_dir, 1, 2, 1450)),
-            ("essays 8K", essay_prompt_set(args.data_dir, 1, 4, 1450))]
+    sets = smollm2_real_prompt_sets(args.data_dir)
     rows = []
     for name, pset in sets:
         shards = ensure_shards(pset, lm, cfg, f"{args.work}/{name.replace(' ', '_')}")

@@ -20,7 +20,7 @@ import torch
 from sift_cli.attention.backends import get_backend
 from sift_cli.config import resolve_profile_config
 from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in, timed
-from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
+from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, smollm2_real_prompt_sets
 from sift_cli.models import load_model
 from sift_cli.prefill import PrefillOptions, choose_decoder, dense_prefill, sparse_prefill
 from sift_cli.prefill_graphs import GraphedPrefill
@@ -71,9 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     lm = load_model(None, device="cuda")
     cfg = resolve_profile_config(lm.device, {}).profile
-    sets = [("essays 4K", essay_prompt_set(args.data_dir, 1, 2, 1450)),
-            ("essays 8K", essay_prompt_set(args.data_dir, 1, 4, 1450)),
-            ("NQ 20 passages", nq_prompt_set(args.data_dir, 20, args.nq_prompts))]
+    sets = smollm2_real_prompt_sets(args.data_dir, args.nq_prompts)
     rows = []
     for name, pset in sets:
         t0 = time.perf_counter()

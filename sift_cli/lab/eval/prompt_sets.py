@@ -108,6 +108,14 @@ def essay_prompt_set(data: str | Path | None, n_prompts: int = 3, docs_per_promp
                      source=f"paul-graham-essays, {docs_per_prompt} × first {words} words, seed {seed}")
 
 
+def smollm2_real_prompt_sets(data_dir, nq_prompts: int = 2) -> list[tuple[str, PromptSet]]:
+    """The real prompts SmolLM2's prefill is measured on (docs/benchmarks.md): one prompt of 2 essays cut to 1,450
+    words (about 4K tokens), one of 4 (about 8K), and `nq_prompts` NQ prompts of 20 passages; (name, set) pairs."""
+    return [("essays 4K", essay_prompt_set(data_dir, 1, 2, 1450)),
+            ("essays 8K", essay_prompt_set(data_dir, 1, 4, 1450)),
+            ("NQ 20 passages", nq_prompt_set(data_dir, 20, nq_prompts))]
+
+
 def builtin_prompt_set(data: str, data_dir, n_docs: int, n_prompts: int, seed: int, docs_per_prompt: int,
                        words: int) -> PromptSet:
     """`--data nq|essays`: the NQ prompts (`n_docs` passages each) or the essay prompts."""
