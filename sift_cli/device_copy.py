@@ -28,33 +28,25 @@ def _bytes(t: torch.Tensor) -> np.ndarray | None:
 
 def to_device(tensors: list[torch.Tensor], device) -> list[torch.Tensor]:
     """`tensors` on `device`, same dtypes and shapes. To a CUDA device, the small host tensors travel packed in
-    one buffer and one copy and come back as (contiguous) views of it; every other tensor is moved alone."""
+    one buffer and one copy (`StagedLayout`) and come back as (contiguous) views of it; every other tensor is moved
+    alone."""
     device = torch.device(device)
     if device.type != "cuda":
         return [t.to(device) for t in tensors]
-    packed: dict[int, tuple[int, np.ndarray]] = {}
-    total = 0
+    raws: dict[int, np.ndarray] = {}
     for i, t in enumerate(tensors):
         if t.device.type == "cpu" and 0 < t.numel() * t.element_size() <= SMALL:
             raw = _bytes(t)
             if raw is not None:
-                packed[i] = (total, raw)
-                total += -(-raw.size // _ALIGN) * _ALIGN
-    if len(packed) < 2:
+                raws[i] = raw
+    if len(raws) < 2:
         return [t.to(device) for t in tensors]
-    host = np.empty(total, dtype=np.uint8)
-    for off, raw in packed.values():
+    layout = StagedLayout.of([tensors[i] for i in raws])
+    host = np.empty(layout.size, dtype=np.uint8)
+    for off, raw in zip(layout.offsets, raws.values()):
         host[off: off + raw.size] = raw
-    moved = torch.from_numpy(host).to(device)
-    out = []
-    for i, t in enumerate(tensors):
-        if i in packed:
-            off, raw = packed[i]
-            view = moved[off: off + raw.size].view(t.dtype)
-            out.append(view if t.dim() == 1 else view.view(t.shape))
-        else:
-            out.append(t.to(device))
-    return out
+    moved = iter(layout.views(torch.from_numpy(host).to(device)))
+    return [next(moved) if i in raws else t.to(device) for i, t in enumerate(tensors)]
 
 
 class DeviceTensors:
