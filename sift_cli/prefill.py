@@ -250,5 +250,11 @@ def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor,
     computes it, with nothing to move or decode first. The lists (every causal block) are decoded after the timed
     run, for the report. Graphed, the same holds (`prefill_graphs.graphed_sparse_prefill`)."""
     full = dense_prefill(lm, ids)
+    return SparseRun(full.logits, full.past, full.timing, 0.0, 0.0, untimed_plan(lm, prompt, backend, opts, decoder))
+
+
+def untimed_plan(lm: LoadedModel, prompt: Prompt, backend, opts: PrefillOptions, decoder: str) -> SparsePlan:
+    """The prompt's bits moved and every layer decoded outside any timing: the lists a report describes when the
+    forward did not need them (a prompt without bits runs full recompute's kernel)."""
     bits, table = prompt_tensors(prompt, opts, lm.device)
-    return SparseRun(full.logits, full.past, full.timing, 0.0, 0.0, prepare_sparse(lm, bits, table, backend, decoder))
+    return prepare_sparse(lm, bits, table, backend, decoder)

@@ -13,8 +13,8 @@ import torch
 from .attention.integration import causal_attention, sparse_attention
 from .device_copy import StagedCopy
 from .models import LoadedModel
-from .prefill import (PrefillOptions, _forward, prepare_sparse, prompt_block_table, prompt_tensors, strongest_sdpa,
-                      sync_device)
+from .prefill import (PrefillOptions, _forward, prepare_sparse, prompt_block_table, strongest_sdpa, sync_device,
+                      untimed_plan)
 from .prompt import Prompt
 
 
@@ -75,8 +75,7 @@ def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.
     has its `plan` decoded apart, for the report."""
     if prompt.bits.without_bits():
         graph = GraphedPrefill(lm, ids)
-        bits, table = prompt_tensors(prompt, opts, lm.device)
-        graph.plan = prepare_sparse(lm, bits, table, backend, decoder)
+        graph.plan = untimed_plan(lm, prompt, backend, opts, decoder)
         return graph
     table = prompt_block_table(prompt, opts).to(lm.device)
     staged = StagedCopy(prompt.bits.tensors(), lm.device)
