@@ -76,12 +76,11 @@ class SparseAttentionPlan:
         if tuple(offsets.shape[1:]) != (n_heads, M + 1):
             raise SiftError(f"block lists are [{offsets.shape[1]}, {offsets.shape[2] - 1}] (heads, query blocks); "
                             f"the model has {n_heads} heads and the table {M} query blocks")
-        self.offsets, self.indices = offsets.contiguous(), indices.contiguous()
         split_max = SPLIT_MAX if split else 1
         self.func, self.smem = attention_function(self.cfg, self.device.index, N, extra)
         ctas = persistent_ctas(self.cfg, N, self.device, extra)
-        if tiles is None:
-            tiles = KernelLists(self.offsets, self.indices, self.table,
+        if tiles is None:  # the kernel reads the tiles alone; the block lists only make them
+            tiles = KernelLists(offsets.contiguous(), indices.contiguous(), self.table,
                                 WorkSpec(self.cfg.per_step, ctas, split_max, SPLIT_MIN_BLOCKS, merge))
         self.tiles = tiles
         work = tiles.work
@@ -108,7 +107,8 @@ class SparseAttentionPlan:
         args = [("tq", "map", self._templates["q"].map), ("tk", "map", self._templates["k"].map),
                 ("tv", "map", self._templates["v"].map), ("out", "p", 0), ("out_row_stride", "l", self.H * self.D),
                 ("out_head_stride", "l", self.D), ("lse", "p", 0), ("offsets", "p", 0), ("entries", "p", 0),
-                ("q_start", "p", t.q_start.data_ptr()), ("q_len", "p", t.q_len.data_ptr()), ("tile_order", "p", 0), ("n_active", "p", 0), ("split_cap", "p", 0), ("split_max", "i", self.split_max),
+                ("q_start", "p", t.q_start.data_ptr()), ("q_len", "p", t.q_len.data_ptr()), ("tile_order", "p", 0),
+                ("n_active", "p", 0), ("split_cap", "p", 0), ("split_max", "i", self.split_max),
                 ("split_slot", "p", 0), ("ws", "p", self.workspace.data_ptr()),
                 ("arrivals", "p", self.arrivals.data_ptr()), ("sched", "p", self.sched.data_ptr()),
                 ("seq_len", "i", self.L), ("n_heads", "i", self.H), ("group", "i", self.H // self.H_kv),
