@@ -28,8 +28,7 @@ def entry(start: int, length: int) -> int:
     return (start << 8) | length
 
 
-def _row_tiles(blocks: list[int], table: BlockTable, q0: int, key_block: int) -> list[int]:
-    starts, lens = table.kv_start.tolist(), table.kv_len.tolist()
+def _row_tiles(blocks: list[int], starts: list[int], lens: list[int], q0: int, key_block: int) -> list[int]:
     runs: list[list[int]] = []
     for kb in sorted(blocks):
         if runs and runs[-1][-1] == kb - 1:
@@ -56,7 +55,7 @@ def coalesce_reference(offsets: torch.Tensor, indices: torch.Tensor, table: Bloc
     (offsets int32 [n, H, M + 1], each layer's flat entry list). Without `merge`, one entry per block, in the
     lists' canonical order (what the kernel read before merging)."""
     n, H, M1 = offsets.shape
-    q_start = table.q_start.tolist()
+    q_start, starts, lens = table.q_start.tolist(), table.kv_start.tolist(), table.kv_len.tolist()
     out_offsets = torch.zeros(n, H, M1, dtype=torch.int32)
     out_entries = []
     for z in range(n):
@@ -67,9 +66,9 @@ def coalesce_reference(offsets: torch.Tensor, indices: torch.Tensor, table: Bloc
                 blocks = indices[z, o0:o1].tolist()
                 out_offsets[z, h, m] = len(flat)
                 if merge:
-                    flat += _row_tiles(blocks, table, q_start[m], table.block_n)
+                    flat += _row_tiles(blocks, starts, lens, q_start[m], table.block_n)
                 else:
-                    flat += [entry(int(table.kv_start[kb]), int(table.kv_len[kb])) for kb in blocks]
+                    flat += [entry(starts[kb], lens[kb]) for kb in blocks]
             out_offsets[z, h, M1 - 1] = len(flat)
         out_entries.append(flat)
     return out_offsets, out_entries
