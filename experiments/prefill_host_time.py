@@ -24,7 +24,7 @@ from sift_cli.cuda.runtime import sm_count
 from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
-from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, for_backend, prepare_sparse, prompt_tensors,
+from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, for_prompt, prepare_sparse, prompt_tensors,
                               dense_prefill, sparse_prefill, strongest_sdpa, sync_device)
 
 
@@ -89,7 +89,7 @@ def measure(lm, prompt, repeat: int) -> dict:
     dev = lm.device
     ids = torch.tensor([prompt.input_ids], device=dev)
     backend = get_backend("cuda", dev)
-    opts = for_backend(PrefillOptions(backend="cuda"), backend, lm.head_dim, len(prompt.input_ids))
+    opts = for_prompt(PrefillOptions(backend="cuda"), backend, lm.head_dim, prompt.bits)
     bits, table = prompt_tensors(prompt, opts, dev)
     plan_box: dict = {}
 

@@ -35,7 +35,7 @@ def main() -> None:
             bits = compose(shards, lm, spec).bits
             L = bits.layout.seq_len
             causal = lm.n_layers * lm.n_heads * L * (L + 1) // 2
-            row = {"prompt": name, "tokens": L, "documents": len(bits.layout.docs)}
+            row = {"prompt": name, "tokens": L, "documents": len(bits.layout.docs), "selected_share": bits.selected_share()}
             for query_blocks in ("segment", "grid"):
                 table = BlockTable.for_layout(bits.layout, args.block_m, 64, query_blocks)
                 layers = decode_layers(bits, table, lm.n_layers)

@@ -90,7 +90,7 @@ def main() -> None:
                 dense, sift, cells = r["dense"]["ttft_ms"], r["sift"]["ttft_ms"], r["density"]["cells"]
                 ideal = dense - (1 - cells) * max(0.0, dense - rest)
                 row = {"prompt": name, "tokens": r["prompt_tokens"]["total"], "cuda_graphs": graphs,
-                       "block_m": r["block_m"],
+                       "block_m": r["block_m"], "query_blocks": r["query_blocks"],
                        "dense_ms": dense, "sift_ms": sift, "sift_over_dense": sift / dense,
                        "no_attention_ms": rest, "ideal_ms": ideal, "sift_over_ideal": sift / ideal,
                        "dense_host_ms": r["dense"]["host_ms"], "dense_gpu_ms": r["dense"]["gpu_ms"],
@@ -105,11 +105,12 @@ def main() -> None:
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"{'prompt':<16}{'tokens':>7}{'graphs':>7}{'rows':>5}{'dense':>8}{'SIFT':>8}{'ideal':>8}{'S/D':>6}"
+    print(f"{'prompt':<16}{'tokens':>7}{'graphs':>7}{'rows':>5}{'cut':>8}{'dense':>8}{'SIFT':>8}{'ideal':>8}{'S/D':>6}"
           f"{'S/ideal':>8}"
           f"{'density':>8}{'c/a':>7}")
     for r in rows:
-        print(f"{r['prompt']:<16}{r['tokens']:>7}{str(r['cuda_graphs']):>7}{r['block_m']:>5}{r['dense_ms']:>8.2f}"
+        print(f"{r['prompt']:<16}{r['tokens']:>7}{str(r['cuda_graphs']):>7}{r['block_m']:>5}{r['query_blocks']:>8}"
+              f"{r['dense_ms']:>8.2f}"
               f"{r['sift_ms']:>8.2f}"
               f"{r['ideal_ms']:>8.2f}{r['sift_over_dense']:>6.2f}{r['sift_over_ideal']:>8.3f}"
               f"{r['cell_density']:>8.3f}{r['cells_over_allowed']:>7.3f}")

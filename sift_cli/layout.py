@@ -131,6 +131,19 @@ class PromptBits(DeviceTensors):
         total = sum(d.n_tokens for d in docs)
         return sum(docs[i].n_tokens for i in self.dense_docs()) / total if total else 0.0
 
+    def selected_share(self) -> float:
+        """The share of the documents' LA tiles and CA pages whose bit is set, over every layer and head; a
+        document without bits counts as all set, and 1.0 without documents. A host-side measure of how dense the
+        prompt's selection is (the CUDA backend's query block choice); the padding bits SPEC §4 zeroes count for
+        nothing."""
+        pages = [n_pages(d.n_tokens, self.tile) for d in self.layout.docs]
+        per_doc = np.array([p * (p + 1) // 2 + p for p in pages], dtype=np.int64) * self.n_layers * self.n_heads
+        if per_doc.sum() == 0:
+            return 1.0
+        dense = self.doc_dense.cpu().numpy().astype(bool)
+        set_bits = sum(int(np.bitwise_count(t.cpu().numpy()).sum(dtype=np.int64)) for t in (self.la, self.ca))
+        return (set_bits + int(per_doc[dense].sum())) / int(per_doc.sum())
+
     def nbytes(self) -> int:
         return int(self.la.numel() + self.ca.numel())
 

@@ -41,7 +41,7 @@ class PrefillOptions:
     backend: str = "auto"
     block_m: int | None = None  # query block rows; None: the backend's (`for_backend`)
     block_n: int = 64
-    query_blocks: str = "segment"  # "segment" or "grid" (block_table.py)
+    query_blocks: str = "auto"  # "segment", "grid" (block_table.py) or "auto" (the backend's, `for_backend`)
     cuda_graphs: bool = False
     repeat: int | None = None  # timed runs of each mode; None: the device's default (`timing_defaults`)
     warmup: int | None = None  # untimed runs of each mode first; None: the device's default
@@ -65,15 +65,25 @@ def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
                                warmup=d["warmup"] if opts.warmup is None else opts.warmup)
 
 
-def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int, dense_share: float = 0.0
-                ) -> PrefillOptions:
+def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int, dense_share: float = 0.0,
+                selected_share: float = 0.0) -> PrefillOptions:
     """`opts` with an unset query block size set to the one the backend runs this prompt best with (its
-    `query_block_rows`: the CUDA kernel's 64 or 128, the gather backend's 512), or 128 rows. dense_share: the
-    prompt's share of document tokens without bits (`PromptBits.dense_share`)."""
+    `query_block_rows`: the CUDA kernel's 64 or 128, the gather backend's 512), or 128 rows, and "auto" query
+    blocks to the backend's cut for the prompt (its `query_block_cut`), or "segment". dense_share: the prompt's
+    share of document tokens without bits (`PromptBits.dense_share`); selected_share: the share of its tiles and
+    pages selected (`PromptBits.selected_share`)."""
+    if opts.query_blocks == "auto":
+        cut = getattr(backend, "query_block_cut", None)
+        opts = dataclasses.replace(opts, query_blocks=cut(selected_share) if cut else "segment")
     if opts.block_m is not None:
         return opts
     rows = getattr(backend, "query_block_rows", None)
     return dataclasses.replace(opts, block_m=rows(head_dim, seq_len, dense_share) if rows else DEFAULT_BLOCK_M)
+
+
+def for_prompt(opts: PrefillOptions, backend, head_dim: int, bits: PromptBits) -> PrefillOptions:
+    """`for_backend` for the prompt whose bits are `bits`."""
+    return for_backend(opts, backend, head_dim, bits.layout.seq_len, bits.dense_share(), bits.selected_share())
 
 
 def sync_device(device) -> None:
@@ -214,6 +224,8 @@ def prompt_block_table(prompt: Prompt, opts: PrefillOptions) -> BlockTable:
     """The prompt's block table, built on the host."""
     if opts.block_m is None:
         raise SiftError("internal: the query block size is unset; resolve the options with for_backend first")
+    if opts.query_blocks == "auto":
+        raise SiftError("internal: the query blocks are unresolved; resolve the options with for_backend first")
     return BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
 
 
@@ -227,7 +239,7 @@ def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[Prompt
 @torch.inference_mode()
 def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                    decoder: str = "torch") -> SparseRun:
-    opts = for_backend(opts, backend, lm.head_dim, len(prompt.input_ids), prompt.bits.dense_share())
+    opts = for_prompt(opts, backend, lm.head_dim, prompt.bits)
     if prompt.bits.without_bits():
         return _causal_prefill(lm, prompt, backend, ids, opts, decoder)
     marks = []

@@ -22,8 +22,8 @@ from .shards.reader import ShardSet
 def check_options(opts: PrefillOptions) -> None:
     if opts.block_n not in (64, 128) or opts.block_m not in (None, 64, 128, 192, 256, 512):
         raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256, 512")
-    if opts.query_blocks not in QUERY_BLOCKS:
-        raise SiftError(f"--query-blocks must be one of {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
+    if opts.query_blocks not in ("auto", *QUERY_BLOCKS):
+        raise SiftError(f"--query-blocks must be one of auto, {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
 
 
 def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], query: str, model: str | None = None,

@@ -15,7 +15,7 @@ from .block_lists import cell_density, cells_of_documents, cells_over_allowed, c
 from .errors import SiftError
 from .layout import PromptBits
 from .models import LoadedModel
-from .prefill import (PrefillOptions, Timing, choose_decoder, dense_prefill, for_backend, sparse_prefill, timed,
+from .prefill import (PrefillOptions, Timing, choose_decoder, dense_prefill, for_prompt, sparse_prefill, timed,
                       with_device_defaults)
 from .prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 from .prompt import Prompt
@@ -87,8 +87,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
     progress: optional callable(done, total) called after every forward. Unset repeat and warmup take the
     device's defaults (`timing_defaults`)."""
     backend = get_backend(opts.backend, lm.device)
-    opts = for_backend(with_device_defaults(opts, lm.device), backend, lm.head_dim, len(prompt.input_ids),
-                       prompt.bits.dense_share())
+    opts = for_prompt(with_device_defaults(opts, lm.device), backend, lm.head_dim, prompt.bits)
     decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
     total = (max(0, opts.warmup) + max(1, opts.repeat)) * 2

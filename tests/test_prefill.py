@@ -59,6 +59,22 @@ def test_query_block_rows_follow_the_backend_unless_set():
     assert for_backend(PrefillOptions(), GatherBackend(), 64, 4096, 1.0).block_m == 512
 
 
+def test_auto_query_blocks_follow_the_backend_and_the_bits():
+    """The CUDA backend cuts nearly dense bits' query blocks on the grid, sparser ones per segment; a backend
+    without a choice (gather, reference) and an explicit cut keep theirs."""
+    from sift_cli.attention.cuda import CudaBackend
+    from sift_cli.attention.gather import GatherBackend
+
+    grid, below = CudaBackend.GRID_SHARE, CudaBackend.GRID_SHARE - 0.01
+    assert for_backend(PrefillOptions(), CudaBackend(), 64, 4096, 0.0, grid).query_blocks == "grid"
+    assert for_backend(PrefillOptions(), CudaBackend(), 64, 4096, 0.0, below).query_blocks == "segment"
+    assert for_backend(PrefillOptions(), GatherBackend(), 64, 4096, 0.0, 1.0).query_blocks == "segment"
+    assert for_backend(PrefillOptions(), ReferenceBackend(), 64, 4096, 0.0, 1.0).query_blocks == "segment"
+    assert for_backend(PrefillOptions(query_blocks="segment"), CudaBackend(), 64, 4096, 0.0, 1.0
+                       ).query_blocks == "segment"
+    assert for_backend(PrefillOptions(query_blocks="grid"), CudaBackend(), 64, 4096).query_blocks == "grid"
+
+
 def test_all_bits_set_equals_dense_to_fp32_rounding(tiny_lm, all_bits):
     ids = ["doc00", "doc07", "doc09", "doc11", "doc03"]
     prompt = assemble(all_bits, tiny_lm, ids, "What jumps over the dog?")
@@ -142,6 +158,30 @@ def test_dense_share_counts_the_unprofiled_documents_tokens():
     every = random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={0, 1, 2})[0]
     assert every.dense_share() == 1.0 and every.without_bits()
     assert not random_prompt_bits(lay, 64, 2, 2, 0.3, 0.1, rng, dense={0, 2})[0].without_bits()
+
+
+def test_selected_share_counts_set_tiles_and_pages():
+    import numpy as np
+
+    from sift_cli.layout import PromptLayout, random_prompt_bits
+
+    lay = PromptLayout.build(16, ["a", "b", "c", "d"], [100, 1, 300, 600], 5)
+    rng = np.random.default_rng(3)
+    for dense in ((), (2,), (0, 1, 2, 3)):
+        bits, drawn = random_prompt_bits(lay, 64, 2, 3, 0.3, 0.4, rng, dense=dense)
+        chosen = total = 0
+        for span, d in zip(lay.docs, drawn):
+            p = -(-span.n_tokens // 64)
+            n = 2 * 3 * (p * (p + 1) // 2 + p)
+            total += n
+            if d is None:
+                chosen += n
+            else:
+                la, ca = d
+                chosen += int((la & np.tril(np.ones((p, p), bool))).sum()) + int(ca.sum())
+        assert bits.selected_share() == pytest.approx(chosen / total)
+    assert bits.selected_share() == 1.0  # every document dense
+    assert random_prompt_bits(PromptLayout.build(16, [], [], 5), 64, 2, 3, 0.3, 0.4, rng)[0].selected_share() == 1.0
 
 
 def test_prompt_without_bits_runs_full_recompute(tiny_lm, all_bits):

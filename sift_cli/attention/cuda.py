@@ -20,6 +20,9 @@ class CudaBackend:
     # at head_dim 128, 128-row blocks from this share of unprofiled document tokens on: measured 1.5-7 % faster
     # TTFT with 19-100 % unprofiled, 0.5 % slower with none (8B-shaped, 16K and 32K, docs/benchmarks.md)
     DENSE_SHARE = 0.10
+    # query blocks on the global grid from this share of selected tiles and pages on: nearly dense bits gain a
+    # quarter fewer query blocks for ~0.1 % more cells; sparser ones lose cells (docs/kernels.md)
+    GRID_SHARE = 0.95
     waits_for_ready = True  # prepare(..., ready=event): its lists may still be decoding on a side stream
 
     def __init__(self, pair: bool | None = None, split: bool = True, merge: bool = True):
@@ -56,6 +59,11 @@ class CudaBackend:
         if head_dim != 128:
             return 64
         return 128 if seq_len >= self.LONG_PROMPT or dense_share >= self.DENSE_SHARE else 64
+
+    def query_block_cut(self, selected_share: float) -> str:
+        """How this kernel cuts a prompt's query blocks (block_table.py): on the global grid when the bits select
+        GRID_SHARE or more of the prompt's tiles and pages (`PromptBits.selected_share`), else per segment."""
+        return "grid" if selected_share >= self.GRID_SHARE else "segment"
 
     def work_spec(self, table, device, head_dim: int) -> WorkSpec:
         """What this backend's work order needs, for the kernel's lists made beside the decode

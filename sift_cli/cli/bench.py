@@ -84,7 +84,8 @@ def bench_prefill(
                                                               "meaningless)"),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture full recompute and SIFT (decode "
                                                                   "included) as CUDA graphs; time the replays"),
-    query_blocks: str = typer.Option("segment", "--query-blocks", help="segment or grid (block_table.py)"),
+    query_blocks: str = typer.Option("auto", "--query-blocks", help="segment, grid (block_table.py) or auto (the "
+                                                                   "backend's choice for the bits)"),
     block_m: str = typer.Option("auto", "--block-m", help="SIFT's query block rows: auto (the backend's), 128 "
                                                            "and/or 64 (comma-separated: one SIFT row per size)"),
     unprofiled: int = typer.Option(0, "--unprofiled", help="documents per 8B-shaped prompt left without bits "

@@ -32,8 +32,9 @@ def prefill(
     block_m: Optional[int] = typer.Option(None, "--block-m", help="query block rows (default: the backend's "
                                                                   "choice, docs/kernels.md)"),
     block_n: int = typer.Option(64, "--block-n", help="KV block size (64 or 128)"),
-    query_blocks: str = typer.Option("segment", "--query-blocks", help="query blocks cut per segment (segment) or "
-                                                                      "on the global grid (grid)"),
+    query_blocks: str = typer.Option("auto", "--query-blocks", help="query blocks cut per segment (segment), on "
+                                                                   "the global grid (grid), or as the backend "
+                                                                   "chooses for the prompt's bits (auto)"),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture each mode's prefill as a CUDA graph "
                                                                   "and time its replays (capture reported apart)"),
     template: Optional[str] = typer.Option(None, "--template", help="template of documents given as text, as "

@@ -17,7 +17,7 @@ from sift_cli.config import ProfileConfig
 from sift_cli.cuda.checks import ROW_BOUND, random_block_lists
 from sift_cli.lab.datasets import write_jsonl
 from sift_cli.models import load_model
-from sift_cli.prefill import (PrefillOptions, _forward, dense_prefill, for_backend, prepare_sparse, prompt_tensors,
+from sift_cli.prefill import (PrefillOptions, _forward, dense_prefill, for_prompt, prepare_sparse, prompt_tensors,
                               sparse_prefill)
 from sift_cli.prefill_report import run_prefill
 from sift_cli.profile.job import profile_corpus
@@ -127,8 +127,9 @@ def test_smollm2_cuda_prefill_equals_reference(tmp_path, smol_gpu):
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     prompt = assemble(shards, smol_gpu, ids[:5], "Which module parses command-line options?")
     x = torch.tensor([prompt.input_ids], device="cuda")
-    for block_m in (64, 128):  # the same lists for both: query blocks set, not each backend's choice
-        opts = PrefillOptions(block_m=block_m)
+    # the same lists for both: query blocks set, not each backend's choice
+    for block_m, cut in ((64, "segment"), (128, "segment"), (64, "grid")):
+        opts = PrefillOptions(block_m=block_m, query_blocks=cut)
         bits, table = prompt_tensors(prompt, opts, smol_gpu.device)
         plan = prepare_sparse(smol_gpu, bits, table, CudaBackend(), "cuda")
         worst = []
@@ -144,13 +145,14 @@ def test_smollm2_cuda_prefill_equals_reference(tmp_path, smol_gpu):
         plan.attend_model = checked
         with torch.inference_mode():
             _forward(smol_gpu, x, sparse_attention(smol_gpu.model, plan))
-        assert len(worst) == smol_gpu.n_layers and max(worst) < ROW_BOUND, (block_m, worst)
+        assert len(worst) == smol_gpu.n_layers and max(worst) < ROW_BOUND, (block_m, cut, worst)
         cuda = sparse_prefill(smol_gpu, prompt, CudaBackend(), x, opts, "cuda")
         ref = sparse_prefill(smol_gpu, prompt, ReferenceBackend(), x, opts, "torch")
         assert cuda.plan.block_lists[0].density() < 1.0 and cuda.plan.table.block_m == block_m
+        assert cuda.plan.table.query_blocks == cut
         diff, scale = float((cuda.logits - ref.logits).abs().max()), float(ref.logits.abs().max())
         # measured on five prompts: 0.3-0.75 of a 32 scale for cuda and FlexAttention alike (bf16 attention)
-        assert diff < 0.03 * scale, (block_m, diff, scale)
+        assert diff < 0.03 * scale, (block_m, cut, diff, scale)
         assert int(cuda.logits.argmax()) == int(ref.logits.argmax())
 
 
@@ -182,7 +184,7 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
     backend = CudaBackend()
     for docs, q in ((ids[:2], "What does csv do?"), (ids[1:6], "Which module handles dates and times?")):
         prompt = assemble(shards, smol_gpu, docs, q)
-        opts = for_backend(PrefillOptions(), backend, smol_gpu.head_dim, len(prompt.input_ids))
+        opts = for_prompt(PrefillOptions(), backend, smol_gpu.head_dim, prompt.bits)
         x = torch.tensor([prompt.input_ids], device="cuda")
         eager = sparse_prefill(smol_gpu, prompt, backend, x, opts, "cuda").logits
         graph = graphed_sparse_prefill(smol_gpu, prompt, backend, x, opts, "cuda", repeat=2)

@@ -42,7 +42,7 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
              warmup: int = 1, energy: bool = True, block_ms=(None,), block_n: int = 64, ratio: float = 0.15,
              ssd_gbps: float = 3.8, host_kv: HostKV | None = None, dense_kernel: str = "cudnn",
              log=print, baseline: tuple[float, float] | None = None, cuda_graphs: bool = False,
-             query_blocks: str = "segment") -> list[dict]:
+             query_blocks: str = "auto") -> list[dict]:
     """Rows (one per mode) for one prompt length. block_ms: SIFT's query block rows (None: the backend's), one
     SIFT row per backend and size (labelled `@m<rows>` when there are several). baseline: (full ms, no-attention
     ms) measured earlier on the same model and length — full recompute is then not re-run."""
@@ -123,7 +123,7 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
               doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"), backends=("auto",),
               repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8,
               data=None, smol_model: str | None = None, cpu_smoke: bool = False, deadline: float | None = None,
-              log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "segment",
+              log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "auto",
               unprofiled: int = 0, block_ms=(None,)) -> list[dict]:
     """Every (model, length) case; rows of `run_case`. models: 'llama3-8b' (the 8B-shaped model with `pattern`
     bits) and/or 'smollm2' (real profiles; `smol_model` is a --model spec, default the bundled GGUF). unprofiled:
@@ -182,7 +182,7 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                   doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"),
                   backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
                   ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
-                  log=print, cuda_graphs: bool = False, query_blocks: str = "segment", unprofiled: int = 0,
+                  log=print, cuda_graphs: bool = False, query_blocks: str = "auto", unprofiled: int = 0,
                   block_ms=(None,)) -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
     pass (lengths capped at 512, at most two; 128-token documents)."""

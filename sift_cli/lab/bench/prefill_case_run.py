@@ -13,7 +13,7 @@ from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...block_lists import cells_over_allowed, computed_cells, mean_densities
 from ...errors import SiftError, error_line
-from ...prefill import PrefillOptions, choose_decoder, for_backend, sparse_prefill, sync_device
+from ...prefill import PrefillOptions, choose_decoder, for_prompt, sparse_prefill, sync_device
 from ...prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
@@ -36,7 +36,7 @@ class CaseRun:
     ssd_gbps: float
     log: object
     cuda_graphs: bool = False
-    query_blocks: str = "segment"
+    query_blocks: str = "auto"
     rows: list = field(default_factory=list)
     full: float = 0.0  # TTFT of full recompute, ms
     rest: float = 0.0  # TTFT without attention, ms
@@ -134,8 +134,8 @@ class CaseRun:
         if backend.name == "reference" and dev.type == "cpu":
             backend = ReferenceBackend(rows=BAND_ROWS)
         decoder = choose_decoder(dev)
-        opts = for_backend(PrefillOptions(block_m=block_m, block_n=self.block_n, query_blocks=self.query_blocks),
-                           backend, lm.head_dim, self.L, prompt.bits.dense_share())
+        opts = for_prompt(PrefillOptions(block_m=block_m, block_n=self.block_n, query_blocks=self.query_blocks),
+                          backend, lm.head_dim, prompt.bits)
         if self.cuda_graphs:
             ttft, runs_ms, transfer, decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
                 prompt, backend, opts, decoder)
@@ -164,7 +164,7 @@ class CaseRun:
                "cell_density": cells, "block_density": blocks,
                "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
                                                         block_lists, counted),
-               "query_blocks": self.query_blocks, "block_m": opts.block_m, "block_n": self.block_n,
+               "query_blocks": opts.query_blocks, "block_m": opts.block_m, "block_n": self.block_n,
                "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
                "speedup": self.full / ttft if ttft else None, "decoder": decoder,
