@@ -82,8 +82,10 @@ def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int, dens
 
 
 def for_prompt(opts: PrefillOptions, backend, head_dim: int, bits: PromptBits) -> PrefillOptions:
-    """`for_backend` for the prompt whose bits are `bits`."""
-    return for_backend(opts, backend, head_dim, bits.layout.seq_len, bits.dense_share(), bits.selected_share())
+    """`for_backend` for the prompt whose bits are `bits` (their shares counted only for a choice still open)."""
+    selected = bits.selected_share() if opts.query_blocks == "auto" else 0.0
+    dense = bits.dense_share() if opts.block_m is None else 0.0
+    return for_backend(opts, backend, head_dim, bits.layout.seq_len, dense, selected)
 
 
 def sync_device(device) -> None:

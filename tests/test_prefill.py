@@ -73,6 +73,19 @@ def test_auto_query_blocks_follow_the_backend_and_the_bits():
     assert for_backend(PrefillOptions(query_blocks="segment"), CudaBackend(), 64, 4096, 0.0, 1.0
                        ).query_blocks == "segment"
     assert for_backend(PrefillOptions(query_blocks="grid"), CudaBackend(), 64, 4096).query_blocks == "grid"
+    # from a prompt's own bits: every bit set against the paper's densities
+    import numpy as np
+
+    from sift_cli.layout import PromptLayout, random_prompt_bits
+    from sift_cli.prefill import for_prompt
+
+    lay = PromptLayout.build(16, ["a", "b", "c"], [100, 300, 600], 5)
+    rng = np.random.default_rng(0)
+    every = random_prompt_bits(lay, 64, 2, 2, 1.0, 1.0, rng)[0]
+    sparse = random_prompt_bits(lay, 64, 2, 2, 0.273, 0.058, rng)[0]
+    assert for_prompt(PrefillOptions(), CudaBackend(), 64, every).query_blocks == "grid"
+    assert for_prompt(PrefillOptions(), CudaBackend(), 64, sparse).query_blocks == "segment"
+    assert for_prompt(PrefillOptions(), CudaBackend(), 64, every).block_m == 64
 
 
 def test_all_bits_set_equals_dense_to_fp32_rounding(tiny_lm, all_bits):
