@@ -14,7 +14,7 @@ from typing import Callable, Collection
 import numpy as np
 import torch
 
-from .bits import ca_nbytes, la_nbytes, n_pages, pack_doc
+from .bits import ca_nbytes, la_nbytes, n_pages, n_tiles, pack_doc
 from .device_copy import DeviceTensors
 
 
@@ -137,7 +137,7 @@ class PromptBits(DeviceTensors):
         prompt's selection is (the CUDA backend's query block choice); the padding bits SPEC §4 zeroes count for
         nothing."""
         pages = [n_pages(d.n_tokens, self.tile) for d in self.layout.docs]
-        per_doc = np.array([p * (p + 1) // 2 + p for p in pages], dtype=np.int64) * self.n_layers * self.n_heads
+        per_doc = np.array([n_tiles(p) + p for p in pages], dtype=np.int64) * self.n_layers * self.n_heads
         if per_doc.sum() == 0:
             return 1.0
         dense = self.doc_dense.cpu().numpy().astype(bool)
