@@ -19,8 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sift_cli.attention.cuda import CudaBackend
-from sift_cli.config import resolve_profile_config
-from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, smollm2_real_prompt_sets
+from sift_cli.lab.eval.prompt_sets import smollm2_real_prompts
 from sift_cli.models import load_model
 from sift_cli.prefill import PrefillOptions, choose_decoder, for_prompt
 from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
@@ -73,28 +72,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=31)
     args = ap.parse_args()
     lm = load_model(None, device="cuda")
-    cfg = resolve_profile_config(lm.device, {}).profile
     decoder = choose_decoder(lm.device)
     rows = []
-    for name, pset in smollm2_real_prompt_sets(args.data_dir):
-        shards = ensure_shards(pset, lm, cfg, f"{args.work}/{name.replace(' ', '_')}")
-        for spec in pset.prompts:
-            prompt = compose(shards, lm, spec)
-            ids = torch.tensor([prompt.input_ids], device=lm.device)
-            backend = CudaBackend()
-            graphs = {"full": GraphedPrefill(lm, ids)}
-            cuts = {}
-            for mode, cut in (("sift, segment", "segment"), ("sift", "auto")):
-                opts = for_prompt(PrefillOptions(backend="cuda", query_blocks=cut), backend, lm.head_dim, prompt.bits)
-                cuts[mode] = opts.query_blocks
-                graphs[mode] = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, 5)
-            row = {"prompt": name, "tokens": len(prompt.input_ids), "selected_share": prompt.bits.selected_share(),
-                   "query_blocks": cuts, "timings": timed_replays(graphs, args.rounds),
-                   "kernels_ms": {k: kernel_times(g) for k, g in graphs.items()}}
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "kernels_ms"}), flush=True)
-            del graphs
-            torch.cuda.empty_cache()
+    for name, prompt in smollm2_real_prompts(lm, args.data_dir, args.work):
+        ids = torch.tensor([prompt.input_ids], device=lm.device)
+        backend = CudaBackend()
+        graphs = {"full": GraphedPrefill(lm, ids)}
+        cuts = {}
+        for mode, cut in (("sift, segment", "segment"), ("sift", "auto")):
+            opts = for_prompt(PrefillOptions(backend="cuda", query_blocks=cut), backend, lm.head_dim, prompt.bits)
+            cuts[mode] = opts.query_blocks
+            graphs[mode] = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, 5)
+        row = {"prompt": name, "tokens": len(prompt.input_ids), "selected_share": prompt.bits.selected_share(),
+               "query_blocks": cuts, "timings": timed_replays(graphs, args.rounds),
+               "kernels_ms": {k: kernel_times(g) for k, g in graphs.items()}}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "kernels_ms"}), flush=True)
+        del graphs
+        torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
     modes = list(rows[0]["timings"])

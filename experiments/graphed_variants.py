@@ -15,11 +15,10 @@ import statistics
 import torch
 
 from sift_cli.attention.cuda import CudaBackend
-from sift_cli.config import resolve_profile_config
 from sift_cli.lab.bench.prefill_timing import timed
-from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, smollm2_real_prompt_sets
+from sift_cli.lab.eval.prompt_sets import smollm2_real_prompts
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, choose_decoder, for_backend
+from sift_cli.prefill import PrefillOptions, choose_decoder, for_prompt
 from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
 
 # (merged tiles, query blocks, query block rows; None: the backend's choice)
@@ -36,35 +35,30 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     lm = load_model(None, device="cuda")
-    cfg = resolve_profile_config(lm.device, {}).profile
     decoder = choose_decoder(lm.device)
-    sets = smollm2_real_prompt_sets(args.data_dir)
     rows = []
-    for name, pset in sets:
-        shards = ensure_shards(pset, lm, cfg, f"{args.work}/{name.replace(' ', '_')}")
-        for spec in pset.prompts:
-            prompt = compose(shards, lm, spec)
-            ids = torch.tensor([prompt.input_ids], device=lm.device)
-            graphs = {"full": GraphedPrefill(lm, ids)}
-            for variant, (merge, query_blocks, block_m) in VARIANTS.items():
-                backend = CudaBackend(merge=merge)
-                opts = for_backend(PrefillOptions(backend="cuda", query_blocks=query_blocks, block_m=block_m),
-                                   backend, lm.head_dim, len(prompt.input_ids), prompt.bits.dense_share())
-                graphs[variant] = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, 5)
-            logits = {k: g.replay()[0].float().clone() for k, g in graphs.items()}
-            times = {k: [] for k in graphs}
-            for _ in range(args.rounds):
-                for k, g in graphs.items():
-                    times[k] += timed(g.replay, lm.device, 1, 0)
-            row = {"prompt": name, "tokens": len(prompt.input_ids),
-                   "staging_ms": graphs["sift"].transfer_ms,
-                   **{f"{k} ms": statistics.median(v) for k, v in times.items()},
-                   **{f"{k} max |logit - sift|": float((logits[k] - logits["sift"]).abs().max())
-                      for k in VARIANTS if k != "sift"}}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del graphs, logits
-            torch.cuda.empty_cache()
+    for name, prompt in smollm2_real_prompts(lm, args.data_dir, args.work):
+        ids = torch.tensor([prompt.input_ids], device=lm.device)
+        graphs = {"full": GraphedPrefill(lm, ids)}
+        for variant, (merge, query_blocks, block_m) in VARIANTS.items():
+            backend = CudaBackend(merge=merge)
+            opts = for_prompt(PrefillOptions(backend="cuda", query_blocks=query_blocks, block_m=block_m),
+                              backend, lm.head_dim, prompt.bits)
+            graphs[variant] = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, 5)
+        logits = {k: g.replay()[0].float().clone() for k, g in graphs.items()}
+        times = {k: [] for k in graphs}
+        for _ in range(args.rounds):
+            for k, g in graphs.items():
+                times[k] += timed(g.replay, lm.device, 1, 0)
+        row = {"prompt": name, "tokens": len(prompt.input_ids),
+               "staging_ms": graphs["sift"].transfer_ms,
+               **{f"{k} ms": statistics.median(v) for k, v in times.items()},
+               **{f"{k} max |logit - sift|": float((logits[k] - logits["sift"]).abs().max())
+                  for k in VARIANTS if k != "sift"}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del graphs, logits
+        torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
     print(f"{'prompt':16} {'tokens':>6} " + " ".join(f"{k:>36}" for k in ["full", *VARIANTS]))

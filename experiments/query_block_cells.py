@@ -13,8 +13,7 @@ import json
 
 from sift_cli.block_lists import cells_over_allowed, computed_cells, decode_layers
 from sift_cli.block_table import BlockTable
-from sift_cli.config import resolve_profile_config
-from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, smollm2_real_prompt_sets
+from sift_cli.lab.eval.prompt_sets import smollm2_real_prompts
 from sift_cli.models import load_model
 
 
@@ -26,24 +25,21 @@ def main() -> None:
     ap.add_argument("--block-m", type=int, default=64)
     args = ap.parse_args()
     lm = load_model(None, device="cpu")
-    cfg = resolve_profile_config(lm.device, {}).profile
-    sets = smollm2_real_prompt_sets(args.data_dir)
     rows = []
-    for name, pset in sets:
-        shards = ensure_shards(pset, lm, cfg, f"{args.work}/{name.replace(' ', '_')}")
-        for spec in pset.prompts:
-            bits = compose(shards, lm, spec).bits
-            L = bits.layout.seq_len
-            causal = lm.n_layers * lm.n_heads * L * (L + 1) // 2
-            row = {"prompt": name, "tokens": L, "documents": len(bits.layout.docs), "selected_share": bits.selected_share()}
-            for query_blocks in ("segment", "grid"):
-                table = BlockTable.for_layout(bits.layout, args.block_m, 64, query_blocks)
-                layers = decode_layers(bits, table, lm.n_layers)
-                cells = [computed_cells(b) for b in layers]
-                row[query_blocks] = {"query_blocks": table.n_query_blocks, "cell_density": sum(cells) / causal,
-                                     "cells_over_allowed": cells_over_allowed(bits, layers, cells)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for name, prompt in smollm2_real_prompts(lm, args.data_dir, args.work):
+        bits = prompt.bits
+        L = bits.layout.seq_len
+        causal = lm.n_layers * lm.n_heads * L * (L + 1) // 2
+        row = {"prompt": name, "tokens": L, "documents": len(bits.layout.docs),
+               "selected_share": bits.selected_share()}
+        for query_blocks in ("segment", "grid"):
+            table = BlockTable.for_layout(bits.layout, args.block_m, 64, query_blocks)
+            layers = decode_layers(bits, table, lm.n_layers)
+            cells = [computed_cells(b) for b in layers]
+            row[query_blocks] = {"query_blocks": table.n_query_blocks, "cell_density": sum(cells) / causal,
+                                 "cells_over_allowed": cells_over_allowed(bits, layers, cells)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
     print(f"{'prompt':16} {'tokens':>6}  {'segment: blocks, density, cells/allowed':>40}  {'grid: the same':>30}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...cache import cache_dir
-from ...config import ProfileConfig
+from ...config import ProfileConfig, resolve_profile_config
 from ...corpus import CorpusFormat, Document, json_lines, load_documents, render
 from ...errors import SiftError
 from ...models import LoadedModel
@@ -114,6 +114,16 @@ def smollm2_real_prompt_sets(data_dir, nq_prompts: int = 2) -> list[tuple[str, P
     return [("essays 4K", essay_prompt_set(data_dir, 1, 2, 1450)),
             ("essays 8K", essay_prompt_set(data_dir, 1, 4, 1450)),
             ("NQ 20 passages", nq_prompt_set(data_dir, 20, nq_prompts))]
+
+
+def smollm2_real_prompts(lm: LoadedModel, data_dir, work: str | Path, nq_prompts: int = 2):
+    """(set name, composed Prompt) for every prompt of `smollm2_real_prompt_sets`, each set's documents profiled
+    first with `lm` at the device's default thresholds into `work`/<set name> (reused when done)."""
+    cfg = resolve_profile_config(lm.device, {}).profile
+    for name, pset in smollm2_real_prompt_sets(data_dir, nq_prompts):
+        shards = ensure_shards(pset, lm, cfg, Path(work) / name.replace(" ", "_"))
+        for spec in pset.prompts:
+            yield name, compose(shards, lm, spec)
 
 
 def builtin_prompt_set(data: str, data_dir, n_docs: int, n_prompts: int, seed: int, docs_per_prompt: int,
