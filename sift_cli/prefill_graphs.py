@@ -1,6 +1,6 @@
-"""A prefill captured once per prompt as a CUDA graph (decode and forward; static shapes) and replayed: full
-recompute, or SIFT, whose graph also copies the prompt's bits from a pinned host buffer that each replay restages
-first."""
+"""A prefill captured once per prompt as a CUDA graph (copy of its inputs, decode and forward; static shapes) and
+replayed: full recompute, or SIFT. Each graph copies the prompt's inputs (its ids; SIFT's bits too) from a pinned
+host buffer that each replay restages first."""
 
 from __future__ import annotations
 
@@ -28,22 +28,29 @@ def _graphed_dense(lm: LoadedModel):
 
 
 class GraphedPrefill:
-    """One mode's prefill of one prompt captured as a CUDA graph (decode and forward; static shapes): `replay()`
-    runs `before_replay()` (host work each replay needs first, e.g. restaging the graph's inputs) and the graph,
-    and returns (logits, past) computed again; `capture_ms` is what building it cost; `transfer_ms` the host time
-    of `before_replay` alone, part of each replay's (`graphed_sparse_prefill`: staging SIFT's bits)."""
+    """One mode's prefill of one prompt captured as a CUDA graph (copy of its inputs, decode and forward; static
+    shapes). The graph copies the prompt's inputs from a pinned host buffer (one `StagedCopy`): its token ids and
+    `host_inputs` (SIFT's bits), which `sparse_setup(views)` reads on the device. `replay()` restages them there
+    (the per-prompt host work, so replay timings include it) and replays; it returns (logits, past) computed
+    again. `capture_ms` is what building it cost; `transfer_ms` the host time of restaging alone (median of
+    `repeat`). With `stage_ids=False` the ids stay on the device as captured (for comparisons)."""
 
-    def __init__(self, lm: LoadedModel, ids: torch.Tensor, sparse_setup=None, before_replay=None):
+    def __init__(self, lm: LoadedModel, ids: torch.Tensor, sparse_setup=None, host_inputs=(), repeat: int = 1,
+                 stage_ids: bool = True):
         self.lm = lm
-        self.ids = ids.clone()
-        self.before_replay = before_replay
-        self.transfer_ms = 0.0
         t0 = time.perf_counter()
+        self._host = ([ids.cpu()] if stage_ids else []) + list(host_inputs)
+        self.staged = StagedCopy(self._host, lm.device) if self._host else None
+        views = self.staged.views if self.staged is not None else []
+        self.ids = views[0] if stage_ids else ids.clone()
+        inputs = views[1:] if stage_ids else views
 
         def step():
+            if self.staged is not None:
+                self.staged.copy()
             if sparse_setup is None:
                 return _forward(lm, self.ids, _graphed_dense(lm)) + (None,)
-            plan = sparse_setup()
+            plan = sparse_setup(inputs)
             return _forward(lm, self.ids, sparse_attention(lm.model, plan)) + (plan,)
 
         side = torch.cuda.Stream(lm.device)
@@ -56,44 +63,38 @@ class GraphedPrefill:
             self.logits, self.past, self.plan = step()
         sync_device(lm.device)
         self.capture_ms = (time.perf_counter() - t0) * 1e3
+        times = []
+        for _ in range(max(1, repeat)):
+            t0 = time.perf_counter()
+            self.stage()
+            times.append((time.perf_counter() - t0) * 1e3)
+        self.transfer_ms = statistics.median(times) if self.staged is not None else 0.0
+
+    def stage(self) -> None:
+        """Restage the prompt's inputs in the pinned buffer the graph's copy reads (host work only)."""
+        if self.staged is not None:
+            self.staged.stage(self._host)
 
     def replay(self) -> tuple[torch.Tensor, object]:
-        if self.before_replay is not None:
-            self.before_replay()
+        self.stage()
         self.graph.replay()
         return self.logits, self.past
 
 
 def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
-                           decoder: str, repeat: int = 1) -> GraphedPrefill:
-    """SIFT's prefill of `prompt` captured as a graph that copies the bits to the device (one `StagedCopy`, the
-    graph's `staged`), decodes them and runs the forward. Each replay first stages the prompt's bits into the
-    copy's pinned buffer, the per-prompt host work, so replay timings include it; `transfer_ms` is that staging
-    alone, the median of `repeat`. The block table is not restaged: it follows from the prompt's layout, which a
-    graph is fixed to anyway (its shapes, and the decode's scalar arguments, are captured), so it is moved once.
-    A prompt without bits captures full recompute's forward (as `prefill._causal_prefill`), stages nothing, and
-    has its `plan` decoded apart, for the report."""
+                           decoder: str, repeat: int = 1, stage_ids: bool = True) -> GraphedPrefill:
+    """SIFT's prefill of `prompt` captured as a graph that copies the ids and bits to the device (one
+    `StagedCopy`), decodes the bits and runs the forward; each replay restages both (`GraphedPrefill`). The block
+    table is not restaged: it follows from the prompt's layout, which a graph is fixed to anyway (its shapes, and
+    the decode's scalar arguments, are captured), so it is moved once. A prompt without bits captures full
+    recompute's forward (as `prefill._causal_prefill`) and has its `plan` decoded apart, for the report."""
     if prompt.bits.without_bits():
-        graph = GraphedPrefill(lm, ids)
+        graph = GraphedPrefill(lm, ids, repeat=repeat, stage_ids=stage_ids)
         graph.plan = untimed_plan(lm, prompt, backend, opts, decoder)
         return graph
     table = prompt_block_table(prompt, opts).to(lm.device)
-    staged = StagedCopy(prompt.bits.tensors(), lm.device)
-    bits = prompt.bits.with_tensors(staged.views)
 
-    def stage():
-        staged.stage(prompt.bits.tensors())
+    def setup(bits_on_device):
+        return prepare_sparse(lm, prompt.bits.with_tensors(bits_on_device), table, backend, decoder)
 
-    def setup():
-        staged.copy()
-        return prepare_sparse(lm, bits, table, backend, decoder)
-
-    graph = GraphedPrefill(lm, ids, setup, stage)
-    graph.staged = staged
-    times = []
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        stage()
-        times.append((time.perf_counter() - t0) * 1e3)
-    graph.transfer_ms = statistics.median(times)
-    return graph
+    return GraphedPrefill(lm, ids, setup, prompt.bits.tensors(), repeat, stage_ids)

@@ -162,7 +162,8 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
 def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
     """Dense and SIFT each captured once, then replayed `repeat` times; also checks the graph's SIFT logits
     against an eager SIFT prefill of the same prompt (same kernels, same order: they must be equal). SIFT's
-    `transfer_ms` is the host staging of its bits, already part of each replay's time."""
+    `transfer_ms` is the host staging of its ids and bits, already part of each replay's time (full recompute's graph
+    restages its ids the same way)."""
     dense = GraphedPrefill(lm, ids)
     sift = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, max(1, opts.repeat))
     transfer_ms = sift.transfer_ms

@@ -12,8 +12,9 @@ Modes and their split
   attention. `ideal_ms` is the full TTFT minus the skipped share (1 − cell density) of full attention time;
   `cells_over_allowed` is SPEC §6's fidelity measure (causal pairs computed over pairs the bits allow);
 - with `cuda_graphs`, `full` and `sift-<backend>` are each captured once per prompt (SIFT's decode included) and
-  their replays timed; the capture is reported apart (`capture_ms`); SIFT's graph copies the bits from pinned
-  memory each replay restages first, so `transfer_ms` is that host staging, already in each replay's TTFT;
+  their replays timed; the capture is reported apart (`capture_ms`); each graph copies the prompt's ids (SIFT's
+  also its bits) from pinned memory each replay restages first, so `transfer_ms` is SIFT's host staging, already
+  in each replay's TTFT;
 - `cacheblend`: the blended forward of `eval.kvreuse` (layer 0 full, ~15% of tokens from layer 1 on; the released
   code's bottom-right mask, which is what its fast kernel computes), reused KV streamed per layer from pinned host
   memory on a side stream (pipelined, as CacheBlend loads layer l+1 while computing layer l); `compute_ms` is the

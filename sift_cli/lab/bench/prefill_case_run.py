@@ -177,8 +177,8 @@ class CaseRun:
                  + (f"  decode {decode:.1f} ms" if decode is not None else ""))
 
     def _sift_graphed(self, prompt, backend, opts, decoder):
-        """SIFT captured once (the bits' copy, decode and forward), then replayed; each replay's time includes
-        staging the bits into pinned memory, which `transfer` reports alone."""
+        """SIFT captured once (the copy of the ids and bits, decode and forward), then replayed; each replay's time
+        includes staging them into pinned memory, which `transfer` reports alone."""
         lm, dev = self.case.lm, self.dev
         graph = graphed_sparse_prefill(lm, prompt, backend, self.ids, opts, decoder, self.repeat)
         runs_ms = timed(graph.replay, dev, self.repeat, self.warmup)
