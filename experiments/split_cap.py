@@ -29,16 +29,12 @@ from sift_cli.cuda.decode import CudaDecoder, WorkSpec
 from sift_cli.cuda.plan import SparseAttentionPlan
 from sift_cli.cuda.work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS
 from sift_cli.lab.bench.attention_kernels import cudnn_dense_fn, document_case, model_layout_inputs
-from sift_cli.lab.bench.kernel_timing import graph_time_ms
+from sift_cli.lab.bench.kernel_timing import graph_time_us
 from sift_cli.layout import random_prompt_bits
 
 
 def graph_us(fn) -> float:
-    """GPU time of one fn() in µs, from replays of a CUDA graph of 20 calls."""
-    ms = graph_time_ms(fn, reps=30, calls=20)
-    if ms is None:
-        raise RuntimeError("CUDA-graph capture failed")
-    return 1e3 * ms
+    return graph_time_us(fn, reps=30, calls=20)
 
 
 def all_bits_lists(H: int, L: int, query_blocks: str):

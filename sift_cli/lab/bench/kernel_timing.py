@@ -48,3 +48,11 @@ def graph_time_ms(fn, reps: int = 50, calls: int = 1) -> float | None:
         return time_ms(g.replay, warmup=3, reps=reps) / calls
     except Exception:
         return None
+
+
+def graph_time_us(fn, reps: int = 30, calls: int = 20) -> float:
+    """`graph_time_ms` in µs, raising where the capture fails (for comparisons that must not lose a row)."""
+    ms = graph_time_ms(fn, reps=reps, calls=calls)
+    if ms is None:
+        raise RuntimeError("CUDA-graph capture failed")
+    return 1e3 * ms
