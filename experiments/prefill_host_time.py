@@ -2,7 +2,8 @@
 small enough that its eager forward is bound by the host: the time to first token is the time Python takes to
 enqueue it). Real prompts (an essay prompt of ~4K tokens, an NQ prompt of 20 passages); every phase of SIFT's
 time to first token timed alone (the device idle before each, medians), one attention call of each kind timed
-alone on a layer's real q/k/v, and the CUDA kernels each forward launches counted.
+alone on a layer's real q/k/v, and the CUDA kernels each forward launches counted (torch.profiler, after every
+prompt is timed: once the profiler has run in a process, each launch costs more host time).
 
     python experiments/prefill_host_time.py --data-dir DATA --out host_time.json [--repeat 20]
 """
@@ -83,7 +84,8 @@ def layer_qkv(lm, ids):
 
 
 @torch.inference_mode()
-def measure(lm, prompt, repeat: int) -> dict:
+def measure(lm, prompt, repeat: int) -> tuple[dict, dict]:
+    """The prompt's timings, and the calls whose kernels the caller counts (name → fn)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     dev = lm.device
@@ -172,11 +174,10 @@ def measure(lm, prompt, repeat: int) -> dict:
         with sparse_attention(lm.model, plan):
             pass
     out["swap_us"] = per_call_us(swap, dev, 50)
-    out["kernels_dense"] = kernels_launched(dense)
-    out["kernels_sift_forward"] = kernels_launched(sparse_forward)
-    out["kernels_sift_prepare"] = kernels_launched(prepare)
-    out["kernels_transfer"] = kernels_launched(lambda: prompt_tensors(prompt, opts, dev))
-    return out
+    # counted by the caller once every prompt is timed: after torch.profiler has run, launches cost more host time
+    counters = {"kernels_dense": dense, "kernels_sift_forward": sparse_forward, "kernels_sift_prepare": prepare,
+                "kernels_transfer": lambda: prompt_tensors(prompt, opts, dev)}
+    return out, counters
 
 
 def main() -> None:
@@ -188,15 +189,18 @@ def main() -> None:
     args = ap.parse_args()
     lm = load_model(None, device="cuda")
     cfg = resolve_profile_config(lm.device, {}).profile
-    rows = []
+    rows, counters = [], []
     for name, pset in (("essays 4K", essay_prompt_set(args.data_dir, 1, 2, 1450)),
                        ("NQ 20 passages", nq_prompt_set(args.data_dir, 20, 1))):
         shards = ensure_shards(pset, lm, cfg, f"{args.work}/{name.replace(' ', '_')}")
-        row = {"prompt": name, **measure(lm, compose(shards, lm, pset.prompts[0]), args.repeat)}
-        rows.append(row)
+        out, count = measure(lm, compose(shards, lm, pset.prompts[0]), args.repeat)
+        rows.append({"prompt": name, **out})
+        counters.append(count)
+    for row, count in zip(rows, counters):
+        row.update({k: kernels_launched(fn) for k, fn in count.items()})
         print(json.dumps(row), flush=True)
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
     for r in rows:
         print(f"{r['prompt']} ({r['tokens']} tokens), host ms / wall ms:")
         for key in ("dense_forward", "no_attention_forward", "sift_ttft", "sparse_prefill", "transfer", "decode",
