@@ -56,6 +56,7 @@ def per_call_us(fn, dev, n: int = 200) -> float:
     return us
 
 
+@torch.inference_mode()
 def kernels_launched(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
 
