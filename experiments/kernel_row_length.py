@@ -32,7 +32,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from sift_cli.block_lists import computed_cells
 from sift_cli.block_table import BlockTable
 from sift_cli.cuda.checks import random_block_lists
-from sift_cli.lab.bench.attention_kernels import DOC_LENGTHS, document_case, model_layout_inputs, sift_fn
+from sift_cli.lab.bench.attention_kernels import (DOC_LENGTHS, cudnn_dense_fn, document_case, model_layout_inputs,
+                                                   sift_fn)
 from sift_cli.lab.bench.kernel_timing import graph_time_us
 
 
@@ -41,7 +42,8 @@ def graph_us(fn) -> float:
 
 
 def cudnn_batch_fn(b: int, H: int, H_kv: int, length: int, D: int, scale: float):
-    """cuDNN causal SDPA over b sequences of `length` tokens, inputs in the model's [b, L, heads, D] layout."""
+    """cuDNN causal SDPA over b sequences of `length` tokens, inputs in the model's [b, L, heads, D] layout (the
+    batched twin of `cudnn_dense_fn`, which times the whole prompt on the kernel's own inputs)."""
     g = torch.Generator(device="cuda").manual_seed(length + b)
     q = torch.randn(b, length, H, D, device="cuda", generator=g).to(torch.bfloat16).transpose(1, 2)
     k = torch.randn(b, length, H_kv, D, device="cuda", generator=g).to(torch.bfloat16).transpose(1, 2)
@@ -84,7 +86,7 @@ def main() -> None:
         batch = max(1, round(cells / (H * length * (length + 1) / 2)))
         scale = 1 / math.sqrt(D)
         q, k, v = model_layout_inputs(H, H_kv, L, D, seed=L + D)
-        fns = {"sift": sift_fn(q, k, v, blocks, scale), "full": cudnn_batch_fn(1, H, H_kv, L, D, scale),
+        fns = {"sift": sift_fn(q, k, v, blocks, scale), "full": cudnn_dense_fn(q, k, v, scale)[0],
                "rows": cudnn_batch_fn(batch, H, H_kv, length, D, scale)}
         times = {n: [] for n in fns}
         for _ in range(args.rounds):
