@@ -25,8 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 from sift_cli.attention.cuda import CudaBackend
 from sift_cli.lab.eval.prompt_sets import smollm2_real_prompts
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, choose_decoder, for_prompt
-from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
+from sift_cli.prefill.graphs import GraphedPrefill, graphed_sparse_prefill
+from sift_cli.prefill.options import PrefillOptions, for_prompt
+from sift_cli.prefill.plan import choose_decoder
 
 MODES = {  # mode: (SIFT's query blocks or None for full recompute, the ids restaged each replay)
     "full": (None, True),

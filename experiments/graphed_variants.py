@@ -18,8 +18,9 @@ from sift_cli.attention.cuda import CudaBackend
 from sift_cli.lab.bench.prefill_timing import timed
 from sift_cli.lab.eval.prompt_sets import smollm2_real_prompts
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, choose_decoder, for_prompt
-from sift_cli.prefill_graphs import GraphedPrefill, graphed_sparse_prefill
+from sift_cli.prefill.graphs import GraphedPrefill, graphed_sparse_prefill
+from sift_cli.prefill.options import PrefillOptions, for_prompt
+from sift_cli.prefill.plan import choose_decoder
 
 # (merged tiles, query blocks, query block rows; None: the backend's choice)
 VARIANTS = {"sift": (True, "segment", None), "sift, tile per block": (False, "segment", None),

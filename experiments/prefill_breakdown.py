@@ -27,11 +27,12 @@ from sift_cli.config import GPU_DEFAULTS, ProfileConfig
 from sift_cli.corpus import load_documents
 from sift_cli.lab.datasets import essay_records, long_essays, write_jsonl
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, decode_all_layers
-from sift_cli.prefill_report import run_prefill
+from sift_cli.prefill.assemble import assemble
+from sift_cli.prefill.options import PrefillOptions
+from sift_cli.prefill.plan import decode_all_layers
+from sift_cli.prefill.report import run_prefill
 from sift_cli.profile.forward import causal_sdpa
 from sift_cli.profile.job import profile_corpus
-from sift_cli.prompt import assemble
 from sift_cli.shards.inspection import inspect_shards
 from sift_cli.shards.reader import ShardSet
 from sift_cli.tokens import prefix_token_ids, tokenize_documents

@@ -20,13 +20,14 @@ import torch
 from sift_cli.attention.backends import get_backend
 from sift_cli.attention.integration import sift_attention_forward, sparse_attention
 from sift_cli.config import resolve_profile_config
-from sift_cli.cuda.work_order import SPLIT_MAX, work_order
 from sift_cli.cuda.runtime import sm_count
+from sift_cli.cuda.work_order import SPLIT_MAX, work_order
 from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, essay_prompt_set, nq_prompt_set
 from sift_cli.models import load_model
-from sift_cli.prefill import (PrefillOptions, _forward, decode_all_layers, for_prompt, prepare_sparse, prompt_tensors,
-                              dense_prefill, sparse_prefill, strongest_sdpa, sync_device)
+from sift_cli.prefill.options import PrefillOptions, for_prompt
+from sift_cli.prefill.plan import decode_all_layers, prepare_sparse, prompt_tensors
+from sift_cli.prefill.run import dense_prefill, run_forward, sparse_prefill, strongest_sdpa, sync_device
 
 
 def phase(fn, dev, repeat: int) -> dict:
@@ -100,14 +101,14 @@ def measure(lm, prompt, repeat: int) -> tuple[dict, dict]:
         plan_box["plan"] = prepare_sparse(lm, bits, table, backend, "cuda")
 
     def sparse_forward():
-        return _forward(lm, ids, sparse_attention(lm.model, plan_box["plan"]))
+        return run_forward(lm, ids, sparse_attention(lm.model, plan_box["plan"]))
 
     def sift_ttft():
         b, t = prompt_tensors(prompt, opts, dev)
         plan = prepare_sparse(lm, b, t, backend, "cuda")
-        return _forward(lm, ids, sparse_attention(lm.model, plan))
+        return run_forward(lm, ids, sparse_attention(lm.model, plan))
 
-    dense = lambda: _forward(lm, ids, strongest_sdpa(dev))  # noqa: E731
+    dense = lambda: run_forward(lm, ids, strongest_sdpa(dev))  # noqa: E731
     for _ in range(3):
         dense()
         prepare()

@@ -22,9 +22,11 @@ from sift_cli.config import resolve_profile_config
 from sift_cli.lab.bench.prefill_timing import NOATTN, stand_in, timed
 from sift_cli.lab.eval.prompt_sets import compose, ensure_shards, smollm2_real_prompt_sets
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, choose_decoder, dense_prefill, sparse_prefill
-from sift_cli.prefill_graphs import GraphedPrefill
-from sift_cli.prefill_report import run_prefill
+from sift_cli.prefill.graphs import GraphedPrefill
+from sift_cli.prefill.options import PrefillOptions
+from sift_cli.prefill.plan import choose_decoder
+from sift_cli.prefill.report import run_prefill
+from sift_cli.prefill.run import dense_prefill, sparse_prefill
 
 
 def no_attention_ms(lm, ids, graphs: bool, repeat: int) -> float:

@@ -15,12 +15,13 @@ from sift_cli.block_lists import cell_density
 from sift_cli.config import ProfileConfig
 from sift_cli.corpus import Document, load_documents
 from sift_cli.errors import SiftError
-from sift_cli.missing import profile_config_of
-from sift_cli.prefill import PrefillOptions, dense_prefill, sparse_prefill
-from sift_cli.prefill_job import prefill_from_shards
+from sift_cli.prefill.assemble import NOT_PROFILED, TEXT_DIFFERS, assemble
+from sift_cli.prefill.job import prefill_from_shards
+from sift_cli.prefill.missing import profile_config_of
+from sift_cli.prefill.options import PrefillOptions
+from sift_cli.prefill.run import dense_prefill, sparse_prefill
 from sift_cli.profile.additions import add_documents
 from sift_cli.profile.job import profile_corpus
-from sift_cli.prompt import NOT_PROFILED, TEXT_DIFFERS, assemble
 from sift_cli.shards.ids import doc_id_listing, prompt_ids_report
 from sift_cli.shards.reader import ShardSet
 from sift_cli.shards.validate import validate_path
@@ -155,8 +156,8 @@ def test_profile_corpus_keeps_added_documents(tmp_path, tiny_lm, small_corpus, p
 WRITER = textwrap.dedent("""
     import json, sys
     from sift_cli.corpus import Document
-    from sift_cli.missing import profile_config_of
     from sift_cli.models import load_model
+    from sift_cli.prefill.missing import profile_config_of
     from sift_cli.profile.additions import add_documents
     from sift_cli.shards.reader import ShardSet
     ckpt, base, out, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")

@@ -12,10 +12,11 @@ from sift_cli.block_table import BlockTable
 from sift_cli.config import ProfileConfig
 from sift_cli.errors import SiftError
 from sift_cli.models import load_model
-from sift_cli.prefill import PrefillOptions, dense_prefill, for_backend, sparse_prefill
-from sift_cli.prefill_report import run_prefill
+from sift_cli.prefill.assemble import assemble
+from sift_cli.prefill.options import PrefillOptions, for_backend
+from sift_cli.prefill.report import run_prefill
+from sift_cli.prefill.run import dense_prefill, sparse_prefill
 from sift_cli.profile.job import profile_corpus
-from sift_cli.prompt import assemble
 from sift_cli.shards.reader import ShardSet
 
 from .cli.test_cli import assert_one_line_error, run
@@ -77,7 +78,7 @@ def test_auto_query_blocks_follow_the_backend_and_the_bits():
     import numpy as np
 
     from sift_cli.layout import PromptLayout, random_prompt_bits
-    from sift_cli.prefill import for_prompt
+    from sift_cli.prefill.options import for_prompt
 
     lay = PromptLayout.build(16, ["a", "b", "c"], [100, 300, 600], 5)
     rng = np.random.default_rng(0)

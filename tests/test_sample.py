@@ -6,8 +6,8 @@ import torch
 
 from sift_cli.corpus import CorpusFormat, render
 from sift_cli.models import load_model
-from sift_cli.prefill import dense_prefill
-from sift_cli.prefill_report import greedy_generate
+from sift_cli.prefill.generate import greedy_generate
+from sift_cli.prefill.run import dense_prefill
 from sift_cli.sample import SAMPLE_QUESTIONS, sample_documents
 from sift_cli.tokens import prefix_token_ids, suffix_token_ids
 

@@ -56,10 +56,10 @@ def _nq_or_skip():
 def test_nq_five_documents_same_first_token(smol, tmp_path):
     """A 5-passage NQ prompt: SIFT at the default thresholds gives the same first token as full recompute."""
     from sift_cli.lab.datasets import nq_items, nq_passages, write_jsonl
-    from sift_cli.prefill import PrefillOptions
-    from sift_cli.prefill_report import run_prefill
+    from sift_cli.prefill.assemble import assemble
+    from sift_cli.prefill.options import PrefillOptions
+    from sift_cli.prefill.report import run_prefill
     from sift_cli.profile.job import profile_corpus
-    from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet
 
     records = _nq_or_skip()
@@ -82,9 +82,10 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
 
     from sift_cli.attention.reference import ReferenceBackend
     from sift_cli.lab.datasets import write_jsonl
-    from sift_cli.prefill import PrefillOptions, dense_prefill, sparse_prefill
+    from sift_cli.prefill.assemble import assemble
+    from sift_cli.prefill.options import PrefillOptions
+    from sift_cli.prefill.run import dense_prefill, sparse_prefill
     from sift_cli.profile.job import profile_corpus
-    from sift_cli.prompt import assemble
     from sift_cli.shards.reader import ShardSet
 
     docs = [{"id": name, "title": "", "text": text[:700]} for name, text in sample_documents()[:3]]
@@ -105,12 +106,12 @@ def test_nq_one_unprofiled_passage_among_ten(smol, tmp_path):
     KL) as the all-profiled prompt."""
     from sift_cli.corpus import load_documents
     from sift_cli.lab.datasets import nq_items, nq_passages, write_jsonl
-    from sift_cli.missing import profile_config_of
-    from sift_cli.prefill import PrefillOptions
-    from sift_cli.prefill_report import run_prefill
+    from sift_cli.prefill.assemble import NOT_PROFILED, assemble
+    from sift_cli.prefill.missing import profile_config_of
+    from sift_cli.prefill.options import PrefillOptions
+    from sift_cli.prefill.report import run_prefill
     from sift_cli.profile.additions import add_documents
     from sift_cli.profile.job import profile_corpus
-    from sift_cli.prompt import NOT_PROFILED, assemble
     from sift_cli.shards.reader import ShardSet
 
     records = _nq_or_skip()

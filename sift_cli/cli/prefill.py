@@ -48,8 +48,8 @@ def prefill(
 ):
     """Assemble a RAG prompt from profiled documents; run full recompute and SIFT side by side."""
     from ..corpus import corpus_format
-    from ..prefill import PrefillOptions
-    from ..prompt import read_documents, read_query
+    from ..prefill.inputs import read_documents, read_query
+    from ..prefill.options import PrefillOptions
 
     documents, question = read_documents(docs, corpus_format(template=template)), read_query(query)
     opts = PrefillOptions(backend=backend, block_m=block_m, block_n=block_n, query_blocks=query_blocks,
@@ -60,7 +60,7 @@ def prefill(
 
 def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code=False, online=False,
                  as_json=False, profile_missing=None):
-    from ..prefill_job import prefill_from_shards
+    from ..prefill.job import prefill_from_shards
 
     with progress("prefill", not as_json, unit="forwards") as update:  # on a terminal only
         report = prefill_from_shards(shards_dir, docs, question, model, device, dtype, opts, trust_remote_code,
@@ -119,7 +119,7 @@ def demo_prefill(
     device: str = DeviceOpt,
 ):
     """Answer the built-in sample questions from shards of the built-in sample corpus."""
-    from ..prefill_job import sample_prefills
+    from ..prefill.job import sample_prefills
 
     with progress("prefill", unit="forwards") as update:
         reports = sample_prefills(shards_dir, device, progress=update)

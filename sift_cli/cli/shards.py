@@ -163,7 +163,8 @@ def _prompt_ids(listing: dict, docs: Optional[Path]) -> dict | None:
     if docs is None:
         return None
     from ..corpus import Document
-    from ..prompt import doc_id_of, read_documents
+    from ..prefill.assemble import doc_id_of
+    from ..prefill.inputs import read_documents
     from ..shards.ids import prompt_ids_report
 
     entries = read_documents(docs)

@@ -17,11 +17,12 @@ from sift_cli.config import ProfileConfig
 from sift_cli.cuda.checks import ROW_BOUND, random_block_lists
 from sift_cli.lab.datasets import write_jsonl
 from sift_cli.models import load_model
-from sift_cli.prefill import (PrefillOptions, _forward, dense_prefill, for_prompt, prepare_sparse, prompt_tensors,
-                              sparse_prefill)
-from sift_cli.prefill_report import run_prefill
+from sift_cli.prefill.assemble import assemble
+from sift_cli.prefill.options import PrefillOptions, for_prompt
+from sift_cli.prefill.plan import prepare_sparse, prompt_tensors
+from sift_cli.prefill.report import run_prefill
+from sift_cli.prefill.run import dense_prefill, run_forward, sparse_prefill
 from sift_cli.profile.job import profile_corpus
-from sift_cli.prompt import assemble
 from sift_cli.sample import sample_documents
 from sift_cli.shards.reader import ShardSet
 
@@ -144,7 +145,7 @@ def test_smollm2_cuda_prefill_equals_reference(tmp_path, smol_gpu):
         assert plan.attend_model is not None  # the path the model's forward takes
         plan.attend_model = checked
         with torch.inference_mode():
-            _forward(smol_gpu, x, sparse_attention(smol_gpu.model, plan))
+            run_forward(smol_gpu, x, sparse_attention(smol_gpu.model, plan))
         assert len(worst) == smol_gpu.n_layers and max(worst) < ROW_BOUND, (block_m, cut, worst)
         cuda = sparse_prefill(smol_gpu, prompt, CudaBackend(), x, opts, "cuda")
         ref = sparse_prefill(smol_gpu, prompt, ReferenceBackend(), x, opts, "torch")
@@ -178,7 +179,7 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
     """A captured SIFT prefill (the staged bits' copy, decode and forward) replays to logits identical to eager
     SIFT's, for two prompts of different lengths, each replay restaging its prompt, and the report says so."""
     need_cuda_backend()
-    from sift_cli.prefill_graphs import graphed_sparse_prefill
+    from sift_cli.prefill.graphs import graphed_sparse_prefill
 
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     backend = CudaBackend()
@@ -203,7 +204,7 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
 def test_graphed_full_recompute_equals_eager(tmp_path, smol_gpu):
     """Full recompute captured in a graph makes eager's causal SDPA call (not the masked one transformers builds
     under capture), so its logits equal eager full recompute's."""
-    from sift_cli.prefill_graphs import GraphedPrefill
+    from sift_cli.prefill.graphs import GraphedPrefill
 
     shards, ids = _sample_shards(tmp_path, smol_gpu)
     prompt = assemble(shards, smol_gpu, ids[:4], "What does csv do?")

@@ -16,7 +16,7 @@ from .test_cli import assert_one_line_error, run
 def no_model(monkeypatch):
     """Fail the test if a command loads a model."""
     import sift_cli.launch.worker as worker
-    import sift_cli.prefill_job as prefill_job
+    import sift_cli.prefill.job as prefill_job
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the inputs were checked")
@@ -132,9 +132,9 @@ def test_tables_off_a_terminal_keep_whole_values():
 
 
 def test_prefill_defaults_suit_the_device(tiny_lm, shard_set):
-    from sift_cli.prefill import PrefillOptions, timing_defaults, with_device_defaults
-    from sift_cli.prefill_report import run_prefill
-    from sift_cli.prompt import assemble
+    from sift_cli.prefill.assemble import assemble
+    from sift_cli.prefill.options import PrefillOptions, timing_defaults, with_device_defaults
+    from sift_cli.prefill.report import run_prefill
     from sift_cli.shards.reader import ShardSet
 
     assert timing_defaults("cpu") == {"repeat": 1, "warmup": 0}

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ...prefill import sync_device
+from ...prefill.run import sync_device
 
 
 class EnergyMeter:

@@ -13,8 +13,10 @@ from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...block_lists import cells_over_allowed, computed_cells, mean_densities
 from ...errors import SiftError, error_line
-from ...prefill import PrefillOptions, choose_decoder, for_prompt, sparse_prefill, sync_device
-from ...prefill_graphs import GraphedPrefill, graphed_sparse_prefill
+from ...prefill.graphs import GraphedPrefill, graphed_sparse_prefill
+from ...prefill.options import PrefillOptions, for_prompt
+from ...prefill.plan import choose_decoder
+from ...prefill.run import sparse_prefill, sync_device
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV

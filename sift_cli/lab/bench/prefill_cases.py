@@ -21,8 +21,8 @@ from ...config import resolve_profile_config
 from ...errors import SiftError
 from ...layout import PromptBits, PromptLayout, random_prompt_bits
 from ...models import LoadedModel
+from ...prefill.assemble import Prompt, build_prompt
 from ...profile.forward import profile_batch
-from ...prompt import Prompt, build_prompt
 from ...tokens import prefix_token_ids, suffix_token_ids, tokenize_documents
 from ..datasets import data_dir, essay_records
 from ..eval.prompt_sets import render_records

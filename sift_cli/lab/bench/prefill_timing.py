@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...attention.swap import swapped_attention
-from ...prefill import sync_device
+from ...prefill.run import sync_device
 
 NOATTN = "sift_bench_noattn"
 DENSE_EXPANDED = "sift_bench_dense_kv_expanded"

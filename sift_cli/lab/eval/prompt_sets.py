@@ -19,8 +19,8 @@ from ...config import ProfileConfig, resolve_profile_config
 from ...corpus import CorpusFormat, Document, json_lines, load_documents, render
 from ...errors import SiftError
 from ...models import LoadedModel
+from ...prefill.assemble import Prompt, prompt_from_shards
 from ...profile.job import profile_corpus
-from ...prompt import Prompt, prompt_from_shards
 from ...shards.reader import ShardSet
 from ...tokens import DEFAULT_INSTRUCTION, prefix_token_ids, suffix_token_ids, tokenize_documents
 from ..datasets import data_dir, essay_records, long_essays, nq_items, nq_passages, nq_records, write_jsonl

@@ -32,8 +32,10 @@ from ...attention.integration import prepare_plan, sparse_attention
 from ...block_lists import mean_densities
 from ...config import resolve_profile_config
 from ...errors import SiftError
-from ...prefill import PrefillOptions, dense_prefill, sparse_prefill
-from ...prefill_report import compare_logits, greedy_generate
+from ...prefill.generate import greedy_generate
+from ...prefill.options import PrefillOptions
+from ...prefill.report import compare_logits
+from ...prefill.run import dense_prefill, sparse_prefill
 from ..datasets import data_dir as find_data
 from ..runs import ModelSpec, ProgressBar, append_result, no_progress, read_results, run_metadata
 from .backend import eval_backend

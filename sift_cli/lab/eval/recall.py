@@ -28,7 +28,7 @@ from ...block_lists import block_mask_for_layer, doc_ca_pages, doc_la_tiles
 from ...block_table import BlockTable
 from ...config import CPU_DEFAULTS, device_defaults, resolve_profile_config
 from ...errors import SiftError
-from ...prompt import Prompt
+from ...prefill.assemble import Prompt
 from ...shards.reader import ShardSet
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .probe import probe_forward

@@ -23,9 +23,11 @@ from ...block_table import BlockTable
 from ...config import device_defaults
 from ...corpus import CorpusFormat, load_documents
 from ...errors import SiftError
-from ...prefill import PrefillOptions, dense_prefill, sparse_prefill
-from ...prefill_report import compare_logits, greedy_generate
-from ...prompt import build_prompt
+from ...prefill.assemble import build_prompt
+from ...prefill.generate import greedy_generate
+from ...prefill.options import PrefillOptions
+from ...prefill.report import compare_logits
+from ...prefill.run import dense_prefill, sparse_prefill
 from ...tokens import prefix_token_ids, tokenize_documents
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .backend import eval_backend

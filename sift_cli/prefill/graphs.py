@@ -10,12 +10,13 @@ import time
 
 import torch
 
-from .attention.integration import causal_attention, sparse_attention
-from .device_copy import StagedCopy
-from .models import LoadedModel
-from .prefill import (PrefillOptions, _forward, prepare_sparse, prompt_block_table, strongest_sdpa, sync_device,
-                      untimed_plan)
-from .prompt import Prompt
+from ..attention.integration import causal_attention, sparse_attention
+from ..device_copy import StagedCopy
+from ..models import LoadedModel
+from .assemble import Prompt
+from .options import PrefillOptions
+from .plan import prepare_sparse, prompt_block_table, untimed_plan
+from .run import run_forward, strongest_sdpa, sync_device
 
 
 @contextlib.contextmanager
@@ -49,9 +50,9 @@ class GraphedPrefill:
             if self.staged is not None:
                 self.staged.copy()
             if sparse_setup is None:
-                return _forward(lm, self.ids, _graphed_dense(lm)) + (None,)
+                return run_forward(lm, self.ids, _graphed_dense(lm)) + (None,)
             plan = sparse_setup(inputs)
-            return _forward(lm, self.ids, sparse_attention(lm.model, plan)) + (plan,)
+            return run_forward(lm, self.ids, sparse_attention(lm.model, plan)) + (plan,)
 
         side = torch.cuda.Stream(lm.device)
         side.wait_stream(torch.cuda.current_stream(lm.device))
@@ -87,7 +88,7 @@ def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.
     `StagedCopy`), decodes the bits and runs the forward; each replay restages both (`GraphedPrefill`). The block
     table is not restaged: it follows from the prompt's layout, which a graph is fixed to anyway (its shapes, and
     the decode's scalar arguments, are captured), so it is moved once. A prompt without bits captures full
-    recompute's forward (as `prefill._causal_prefill`) and has its `plan` decoded apart, for the report."""
+    recompute's forward (as `run._causal_prefill`) and has its `plan` decoded apart, for the report."""
     if prompt.bits.without_bits():
         graph = GraphedPrefill(lm, ids, repeat=repeat, stage_ids=stage_ids)
         graph.plan = untimed_plan(lm, prompt, backend, opts, decoder)

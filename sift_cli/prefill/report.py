@@ -9,16 +9,18 @@ import statistics
 
 import torch
 
-from .attention.backends import get_backend
-from .attention.base import BlockLists
-from .block_lists import cell_density, cells_of_documents, cells_over_allowed, computed_cells
-from .errors import SiftError
-from .layout import PromptBits
-from .models import LoadedModel
-from .prefill import (PrefillOptions, Timing, choose_decoder, dense_prefill, for_prompt, sparse_prefill, timed,
-                      with_device_defaults)
-from .prefill_graphs import GraphedPrefill, graphed_sparse_prefill
-from .prompt import Prompt
+from ..attention.backends import get_backend
+from ..attention.base import BlockLists
+from ..block_lists import cell_density, cells_of_documents, cells_over_allowed, computed_cells
+from ..errors import SiftError
+from ..layout import PromptBits
+from ..models import LoadedModel
+from .assemble import Prompt
+from .generate import greedy_generate
+from .graphs import GraphedPrefill, graphed_sparse_prefill
+from .options import PrefillOptions, for_prompt, with_device_defaults
+from .plan import choose_decoder
+from .run import Timing, dense_prefill, sparse_prefill, timed
 
 
 def compare_logits(dense: torch.Tensor, sparse: torch.Tensor) -> dict:
@@ -46,22 +48,6 @@ def density_report(block_lists: list[BlockLists], bits: PromptBits | None = None
             report["dense_docs_cells_share"] = (sum(cells_of_documents(b, bits, dense) for b in block_lists)
                                                 / max(1, sum(counted)))
     return report
-
-
-@torch.inference_mode()
-def greedy_generate(lm: LoadedModel, logits: torch.Tensor, past, max_new_tokens: int) -> list[int]:
-    """Dense greedy generation from a prefilled KV cache."""
-    tokens = []
-    eos = lm.model.config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    for _ in range(max_new_tokens):
-        tok = int(logits.argmax())
-        tokens.append(tok)
-        if tok in eos:
-            break
-        out = lm.model(input_ids=torch.tensor([[tok]], device=lm.device), past_key_values=past, use_cache=True)
-        logits, past = out.logits[0, -1].float(), out.past_key_values
-    return tokens
 
 
 def _timing_json(runs: list[Timing]) -> dict:
@@ -141,7 +127,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
         "backend": backend.name, "decoder": decoder, "block_m": opts.block_m, "block_n": opts.block_n,
         "query_blocks": opts.query_blocks, "tile_size": prompt.bits.tile, "doc_ids": prompt.doc_ids,
         "dense_docs": [{"doc_id": d.doc_id, "reason": d.reason, "tokens": d.n_tokens} for d in prompt.dense],
-        # no document has bits: SIFT ran full recompute's forward (`prefill._causal_prefill`)
+        # no document has bits: SIFT ran full recompute's forward (`run._causal_prefill`)
         "causal_kernel": prompt.bits.without_bits(),
         "prompt_tokens": prompt.segment_tokens(), "cuda_graphs": bool(graphs),
         "density": density_report(block_lists, prompt.bits),

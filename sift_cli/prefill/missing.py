@@ -7,22 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ProfileConfig, resolve_profile_config
-from .models import LoadedModel
-from .profile.additions import AddReport, add_documents
-from .profile.job import check_compatible, shard_metadata
-from .prompt import NOT_PROFILED, Prompt
-from .shards.format import MANIFEST
-from .shards.reader import ShardSet
-
-
-def shard_sets(shards_dir: str | Path, extra: str | Path | None = None) -> list[ShardSet]:
-    """The set a prompt is assembled from, then `extra` (where missing documents are profiled to) once it has a
-    manifest; the first set holding an id wins."""
-    sets = [ShardSet(shards_dir)]
-    if extra is not None and (Path(extra) / MANIFEST).is_file() and Path(extra).resolve() != sets[0].dir.resolve():
-        sets.append(ShardSet(extra))
-    return sets
+from ..config import ProfileConfig, resolve_profile_config
+from ..models import LoadedModel
+from ..profile.additions import AddReport, add_documents
+from ..profile.job import check_compatible, shard_metadata
+from ..shards.reader import ShardSet
+from .assemble import NOT_PROFILED, Prompt
 
 
 def profile_config_of(shards: ShardSet, lm: LoadedModel) -> ProfileConfig:

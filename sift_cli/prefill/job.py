@@ -1,29 +1,21 @@
 """`sift prefill` and `sift demo-prefill` as jobs: options checked, shard sets opened and the model loaded, the
-prompt assembled (documents by id or as text), the report of `prefill_report.run_prefill`, and with `profile_missing`
+prompt assembled (documents by id or as text), the report of `report.run_prefill`, and with `profile_missing`
 the documents no set holds profiled for the next prompt."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .attention.backends import get_backend
-from .block_table import QUERY_BLOCKS
-from .corpus import Document
-from .errors import SiftError
-from .missing import check_destination, profile_dense_documents, shard_sets
-from .models import load_model, resolve_device
-from .prefill import PrefillOptions
-from .prefill_report import run_prefill
-from .prompt import assemble
-from .sample import SAMPLE_QUESTIONS
-from .shards.reader import ShardSet
-
-
-def check_options(opts: PrefillOptions) -> None:
-    if opts.block_n not in (64, 128) or opts.block_m not in (None, 64, 128, 192, 256, 512):
-        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256, 512")
-    if opts.query_blocks not in ("auto", *QUERY_BLOCKS):
-        raise SiftError(f"--query-blocks must be one of auto, {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
+from ..attention.backends import get_backend
+from ..corpus import Document
+from ..models import load_model, resolve_device
+from ..sample import SAMPLE_QUESTIONS
+from ..shards.reader import ShardSet
+from .assemble import assemble
+from .lookup import shard_sets
+from .missing import check_destination, profile_dense_documents
+from .options import PrefillOptions, check_options
+from .report import run_prefill
 
 
 def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], query: str, model: str | None = None,

@@ -1,0 +1,74 @@
+"""The options of one prefill (`PrefillOptions`) and how unset ones are resolved: timing by device, the query
+block size and cut by backend and prompt."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..block_table import QUERY_BLOCKS
+from ..errors import SiftError
+from ..layout import PromptBits
+
+DEFAULT_BLOCK_M = 128
+
+
+@dataclass(frozen=True)
+class PrefillOptions:
+    backend: str = "auto"
+    block_m: int | None = None  # query block rows; None: the backend's (`for_backend`)
+    block_n: int = 64
+    query_blocks: str = "auto"  # "segment", "grid" (block_table.py) or "auto" (the backend's, `for_backend`)
+    cuda_graphs: bool = False
+    repeat: int | None = None  # timed runs of each mode; None: the device's default (`timing_defaults`)
+    warmup: int | None = None  # untimed runs of each mode first; None: the device's default
+    max_new_tokens: int = 16
+
+
+def timing_defaults(device) -> dict:
+    """Timed runs and warm-ups of each mode when the caller does not set them: on a GPU the median of 3 runs after
+    1 warm-up (compilation, autotuning and allocation stay out of the timings); on a CPU 1 run and no warm-up, as
+    nothing there needs one and a forward of a long prompt takes minutes (its timings check, they do not
+    benchmark)."""
+    if torch.device(device).type == "cuda":
+        return {"repeat": 3, "warmup": 1}
+    return {"repeat": 1, "warmup": 0}
+
+
+def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
+    """`opts` with the unset timing fields (repeat, warmup) filled in for `device`."""
+    d = timing_defaults(device)
+    return dataclasses.replace(opts, repeat=d["repeat"] if opts.repeat is None else opts.repeat,
+                               warmup=d["warmup"] if opts.warmup is None else opts.warmup)
+
+
+def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int, dense_share: float = 0.0,
+                selected_share: float = 0.0) -> PrefillOptions:
+    """`opts` with an unset query block size set to the one the backend runs this prompt best with (its
+    `query_block_rows`: the CUDA kernel's 64 or 128, the gather backend's 512), or 128 rows, and "auto" query
+    blocks to the backend's cut for the prompt (its `query_block_cut`), or "segment". dense_share: the prompt's
+    share of document tokens without bits (`PromptBits.dense_share`); selected_share: the share of its tiles and
+    pages selected (`PromptBits.selected_share`)."""
+    if opts.query_blocks == "auto":
+        cut = getattr(backend, "query_block_cut", None)
+        opts = dataclasses.replace(opts, query_blocks=cut(selected_share) if cut else "segment")
+    if opts.block_m is not None:
+        return opts
+    rows = getattr(backend, "query_block_rows", None)
+    return dataclasses.replace(opts, block_m=rows(head_dim, seq_len, dense_share) if rows else DEFAULT_BLOCK_M)
+
+
+def for_prompt(opts: PrefillOptions, backend, head_dim: int, bits: PromptBits) -> PrefillOptions:
+    """`for_backend` for the prompt whose bits are `bits` (their shares counted only for a choice still open)."""
+    selected = bits.selected_share() if opts.query_blocks == "auto" else 0.0
+    dense = bits.dense_share() if opts.block_m is None else 0.0
+    return for_backend(opts, backend, head_dim, bits.layout.seq_len, dense, selected)
+
+
+def check_options(opts: PrefillOptions) -> None:
+    if opts.block_n not in (64, 128) or opts.block_m not in (None, 64, 128, 192, 256, 512):
+        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256, 512")
+    if opts.query_blocks not in ("auto", *QUERY_BLOCKS):
+        raise SiftError(f"--query-blocks must be one of auto, {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")
