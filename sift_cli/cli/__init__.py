@@ -2,7 +2,7 @@
 function and rendering its result with rich or as one JSON object. Errors the user can fix become one line.
 
 - `profile`  sift profile
-- `shards`   sift inspect, validate, status, ids, sample-corpus
+- `shards`   sift inspect, validate, status, ids, index, sample-corpus
 - `prefill`  sift prefill, demo-prefill
 - `eval`     sift eval recall | build-qa | qa | sweep | storage, sift calibrate
 - `bench`    sift bench kernels | profile | prefill
@@ -31,6 +31,7 @@ app.command()(shards.inspect)
 app.command()(shards.validate)
 app.command()(shards.status)
 app.command()(shards.ids)
+app.command()(shards.index)
 app.command()(prefill.prefill)
 app.command("demo-prefill", hidden=True)(prefill.demo_prefill)
 app.add_typer(bench_app, name="bench")

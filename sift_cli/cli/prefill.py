@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .console import out, pct, print_json, progress
+from .console import err, out, pct, print_json, progress
 from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
 
 
@@ -96,6 +96,9 @@ def render_prefill(r: dict, question: str) -> None:
     out.print(table)
     decode = (f"decode {r['decode_ms']:.2f} ms ({pct(r['decode_share_of_ttft'])} of SIFT TTFT)   "
               if r["decode_ms"] is not None else "")
+    if r["sift"].get("lookup_ms") is not None:
+        decode = (f"bits lookup {r['sift']['lookup_ms']:.3f} ms ({pct(r['lookup_share_of_ttft'])} of SIFT TTFT)   "
+                  + decode)
     out.print(f"speed-up {r['speedup']:.2f}×   {decode}first token "
               f"{'same' if r['first_token_match'] else 'DIFFERENT'}   KL {r['kl']:.2e}   "
               f"max |Δlogit| {r['max_abs_logit_diff']:.3f}")
@@ -109,6 +112,13 @@ def render_prefill(r: dict, question: str) -> None:
                         if added[k])
         out.print(f"profiled for the next prompt: {len(added['added'])} documents into {escape(added['out'])} "
                   f"({added['seconds']:.1f} s{extra})")
+    store = r.get("store")
+    if store is not None:
+        out.print(f"[dim]shard sets opened in {store['open_ms']:.1f} ms, read through "
+                  f"{'the serving store' if store['read_path'] == 'store' else 'their Parquet files'} "
+                  f"(not in TTFT; the lookup of the prompt's bits is)[/]")
+        for hint in store["hints"]:
+            err.print(f"[yellow]hint[/]: {escape(hint)}")
     if r["backend"] == "reference":
         out.print("[dim]The reference backend checks correctness; it is not a speed path (it computes every score "
                   "and masks). Timings that matter need --backend cuda or flex on a GPU.[/]")

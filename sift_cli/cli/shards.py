@@ -1,4 +1,4 @@
-"""Shard commands: `sift inspect`, `sift validate`, `sift status`, `sift ids` and `sift sample-corpus`."""
+"""Shard commands: `sift inspect`, `validate`, `status`, `ids`, `index` and `sift sample-corpus`."""
 
 from __future__ import annotations
 
@@ -178,6 +178,28 @@ def _prompt_line(p: dict, path) -> str:
         line += f" ({p['skipped']} skipped at profile time, {p['absent']} never profiled"
         line += f"; {len(p['with_text'])} given as text, computed densely)" if p["with_text"] else ")"
     return line
+
+
+def index(
+    path: Path = typer.Argument(..., help="a shard directory"),
+    workers: int = typer.Option(1, "--workers", help="processes building bucket files in parallel"),
+    rebuild: bool = typer.Option(False, "--rebuild", help="rebuild every bucket file, current ones too"),
+    as_json: bool = JsonOpt,
+):
+    """Build the set's serving store (store/: point reads of a document's bits), or bring it up to date: every
+    bucket file that is missing or stale is built from its part file. `sift profile` writes it as it goes; this
+    migrates sets made before, and repairs a damaged store."""
+    from ..store.index import index_set
+
+    if workers < 1:
+        raise typer.BadParameter("--workers must be at least 1")
+    r = index_set(path, workers=workers, rebuild=rebuild)
+    if as_json:
+        print_json(r)
+    else:
+        out.print(f"{escape(str(path))}: serving store up to date — {r['built']} of {r['buckets']} bucket files built"
+                  f", {r['current']} already current" + (f", {r['removed']} removed" if r["removed"] else "")
+                  + f" ({r['seconds']:.1f} s)")
 
 
 def sample_corpus(directory: Path = typer.Argument(..., help="where to write the .txt files")):

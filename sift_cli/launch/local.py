@@ -28,7 +28,8 @@ from ..cache import compile_cache_env
 from ..corpus import CorpusFormat, load_corpus
 from ..errors import SiftError
 from ..sample import resolve_corpus
-from ..shards.files import ShardFile, list_parts, write_manifest
+from ..shards.files import ShardFile, list_parts
+from ..shards.manifest import write_manifest
 from ..shards.format import MANIFEST, part_name
 from .ranks import check_num_shards
 from .startup import process_age

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..corpus import CorpusFormat
 from ..errors import SiftError
-from ..shards.files import write_manifest
+from ..shards.manifest import write_manifest
 from ..shards.format import part_name
 from .worker import ProfileWorker
 

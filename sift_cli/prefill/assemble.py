@@ -13,8 +13,8 @@ from ..corpus import Document
 from ..errors import SiftError
 from ..layout import PromptBits, PromptLayout
 from ..models import LoadedModel
-from ..shards.reader import ShardSet
 from ..tokens import DEFAULT_INSTRUCTION, suffix_token_ids, tokenize_documents, tokenizer_info
+from .lookup import BitsSource, ShardSource, check_same_kind
 
 NOT_PROFILED = "not profiled"
 TEXT_DIFFERS = "its text differs from the profiled one"
@@ -37,13 +37,14 @@ class Prompt:
     doc_ids: list[str]
     query: str
     dense: list[DenseDocument] = field(default_factory=list)
+    source: BitsSource | None = None  # the sets SIFT's prefill fetches `bits` from again, inside its timing
 
     def segment_tokens(self) -> dict:
         return {"prefix": self.layout.prefix_len, "docs": [d.n_tokens for d in self.layout.docs],
                 "suffix": self.layout.suffix_len, "total": self.layout.seq_len}
 
 
-def check_model_matches(shards: ShardSet, lm: LoadedModel) -> None:
+def check_model_matches(shards: ShardSource, lm: LoadedModel) -> None:
     meta = shards.meta
     stored = meta["sift.model"]
     if stored.get("config_hash") != lm.config_hash or stored.get("weights") != lm.fingerprint:
@@ -82,38 +83,47 @@ def build_prompt(lm: LoadedModel, prefix_ids: list[int], doc_ids: list[str], doc
     return Prompt(ids, layout, bits, list(doc_ids), query)
 
 
-def prompt_from_shards(shards: ShardSet, lm: LoadedModel, doc_ids: list[str], query: str,
+def prompt_from_shards(shards: ShardSource, lm: LoadedModel, doc_ids: list[str], query: str,
                        instruction: str = DEFAULT_INSTRUCTION, allow_long: bool = False,
                        too_long_hint: str = "") -> Prompt:
     """The prompt of `doc_ids` and `query` from a shard set made with this model."""
     check_model_matches(shards, lm)
     records = shards.get(doc_ids)
-    return build_prompt(lm, shards.prefix_token_ids, doc_ids, [r.tokens for r in records],
-                        [r.la_bits for r in records], [r.ca_bits for r in records], shards.tile, query, instruction,
-                        allow_long, too_long_hint=too_long_hint)
+    prompt = build_prompt(lm, shards.prefix_token_ids, doc_ids, [r.tokens for r in records],
+                          [r.la_bits for r in records], [r.ca_bits for r in records], shards.tile, query, instruction,
+                          allow_long, too_long_hint=too_long_hint)
+    prompt.source = BitsSource(prompt.layout, (shards,) * len(doc_ids), shards.tile, lm.n_layers, lm.n_heads)
+    return prompt
 
 
-def assemble(shards: ShardSet | list[ShardSet], lm: LoadedModel, docs: list[str | Document], query: str,
+def assemble(shards: ShardSource | list[ShardSource], lm: LoadedModel, docs: list[str | Document], query: str,
              instruction: str = DEFAULT_INSTRUCTION) -> Prompt:
     """The online prompt (`sift prefill`): checked documents and query, within the model's context.
 
     docs: ids (looked up in the shard sets, first holder wins) or texts (`Document`: stored bits when a set holds
-    the id with the same tokens, else dense)."""
-    sets = [shards] if isinstance(shards, ShardSet) else list(shards)
+    the id with the same tokens, else dense). shards: sets opened by `lookup.open_set` (a `BitStore` or a
+    `ShardSet`)."""
+    sets = list(shards) if isinstance(shards, (list, tuple)) else [shards]
     if not docs:
         raise SiftError("no documents given")
     if not query.strip():
         raise SiftError("the query is empty — give a question")
     if not sets:
         raise SiftError("no shard set given")
-    first = _check_sets(sets, lm)
+    for s in sets:
+        check_model_matches(s, lm)
+    check_same_kind(sets)
+    first = sets[0]
     ids = [doc_id_of(d) for d in docs]
     found: dict = {}
+    holder: dict = {}
     for s in sets:
-        found.update(s.records([i for i in ids if i not in found]))
+        got = s.records([i for i in ids if i not in found])
+        found.update(got)
+        holder.update(dict.fromkeys(got, s))
     texts = [d for d in docs if isinstance(d, Document)]
     text_tokens = dict(zip([d.doc_id for d in texts], tokenize_documents(lm.tokenizer, texts))) if texts else {}
-    tokens, la, ca, dense = [], [], [], []
+    tokens, la, ca, dense, holders = [], [], [], [], []
     for d, doc_id in zip(docs, ids):
         rec = found.get(doc_id)
         if isinstance(d, Document):
@@ -134,20 +144,9 @@ def assemble(shards: ShardSet | list[ShardSet], lm: LoadedModel, docs: list[str 
         tokens.append(t)
         la.append(rec.la_bits if same else None)
         ca.append(rec.ca_bits if same else None)
+        holders.append(holder[doc_id] if same else None)
     prompt = build_prompt(lm, first.prefix_token_ids, ids, tokens, la, ca, first.tile, query, instruction,
                           too_long_hint="; retrieve fewer documents")
     prompt.dense = dense
+    prompt.source = BitsSource(prompt.layout, tuple(holders), first.tile, lm.n_layers, lm.n_heads)
     return prompt
-
-
-def _check_sets(sets: list[ShardSet], lm: LoadedModel) -> ShardSet:
-    """Every set made with this model and the first set's tile, thresholds and prefix; returns the first."""
-    for s in sets:
-        check_model_matches(s, lm)
-    first = sets[0]
-    for s in sets[1:]:
-        for key in ("sift.tile_size", "sift.alpha", "sift.beta", "sift.gamma", "sift.prefix_token_ids"):
-            if s.meta.get(key) != first.meta.get(key):
-                raise SiftError(f"{s.dir} was profiled with another {key.removeprefix('sift.')} than {first.dir}; "
-                                f"prompts read one kind of bits")
-    return first

@@ -33,14 +33,18 @@ class GraphedPrefill:
     shapes). The graph copies the prompt's inputs from a pinned host buffer (one `StagedCopy`): its token ids and
     `host_inputs` (SIFT's bits), which `sparse_setup(views)` reads on the device. `replay()` restages them there
     (the per-prompt host work, so replay timings include it) and replays; it returns (logits, past) computed
-    again. `capture_ms` is what building it cost; `transfer_ms` the host time of restaging alone (median of
-    `repeat`). With `stage_ids=False` the ids stay on the device as captured (for comparisons)."""
+    again. With `fetch` (a callable returning new `host_inputs`: SIFT's bits looked up in the prompt's sets) each
+    replay fetches them first, so its time counts the lookup too. `capture_ms` is what building it cost;
+    `lookup_ms` the fetch alone and `transfer_ms` the host time of restaging alone (medians of `repeat`). With
+    `stage_ids=False` the ids stay on the device as captured (for comparisons)."""
 
     def __init__(self, lm: LoadedModel, ids: torch.Tensor, sparse_setup=None, host_inputs=(), repeat: int = 1,
-                 stage_ids: bool = True):
+                 stage_ids: bool = True, fetch=None):
         self.lm = lm
+        self._fetch = fetch
         t0 = time.perf_counter()
-        self._host = ([ids.cpu()] if stage_ids else []) + list(host_inputs)
+        self._ids_host = [ids.cpu()] if stage_ids else []
+        self._host = self._ids_host + list(host_inputs)
         self.staged = StagedCopy(self._host, lm.device) if self._host else None
         views = self.staged.views if self.staged is not None else []
         self.ids = views[0] if stage_ids else ids.clone()
@@ -64,15 +68,28 @@ class GraphedPrefill:
             self.logits, self.past, self.plan = step()
         sync_device(lm.device)
         self.capture_ms = (time.perf_counter() - t0) * 1e3
-        times = []
+        lookups, times = [], []
         for _ in range(max(1, repeat)):
+            lookups.append(self.lookup())
             t0 = time.perf_counter()
-            self.stage()
+            self.stage(fetched=False)
             times.append((time.perf_counter() - t0) * 1e3)
+        self.lookup_ms = statistics.median(lookups)
         self.transfer_ms = statistics.median(times) if self.staged is not None else 0.0
 
-    def stage(self) -> None:
-        """Restage the prompt's inputs in the pinned buffer the graph's copy reads (host work only)."""
+    def lookup(self) -> float:
+        """Fetch the prompt's host inputs again (with `fetch`); returns the milliseconds it took."""
+        if self._fetch is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._host = self._ids_host + list(self._fetch())
+        return (time.perf_counter() - t0) * 1e3
+
+    def stage(self, fetched: bool = True) -> None:
+        """Restage the prompt's inputs in the pinned buffer the graph's copy reads (host work only), looked up
+        again first unless `fetched` is False."""
+        if fetched:
+            self.lookup()
         if self.staged is not None:
             self.staged.stage(self._host)
 
@@ -85,7 +102,8 @@ class GraphedPrefill:
 def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,
                            decoder: str, repeat: int = 1, stage_ids: bool = True) -> GraphedPrefill:
     """SIFT's prefill of `prompt` captured as a graph that copies the ids and bits to the device (one
-    `StagedCopy`), decodes the bits and runs the forward; each replay restages both (`GraphedPrefill`). The block
+    `StagedCopy`), decodes the bits and runs the forward; each replay looks the bits up again in the prompt's sets
+    and restages both (`GraphedPrefill`). The block
     table is not restaged: it follows from the prompt's layout, which a graph is fixed to anyway (its shapes, and
     the decode's scalar arguments, are captured), so it is moved once. A prompt without bits captures full
     recompute's forward (as `run._causal_prefill`) and has its `plan` decoded apart, for the report."""
@@ -98,4 +116,5 @@ def graphed_sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.
     def setup(bits_on_device):
         return prepare_sparse(lm, prompt.bits.with_tensors(bits_on_device), table, backend, decoder)
 
-    return GraphedPrefill(lm, ids, setup, prompt.bits.tensors(), repeat, stage_ids)
+    fetch = (lambda: prompt.source.fetch().tensors()) if prompt.source is not None else None
+    return GraphedPrefill(lm, ids, setup, prompt.bits.tensors(), repeat, stage_ids, fetch)

@@ -10,9 +10,8 @@ from ..attention.backends import get_backend
 from ..corpus import Document
 from ..models import load_model, resolve_device
 from ..sample import SAMPLE_QUESTIONS
-from ..shards.reader import ShardSet
 from .assemble import assemble
-from .lookup import shard_sets
+from .lookup import open_set, open_sets_timed
 from .missing import check_destination, profile_dense_documents
 from .options import PrefillOptions, check_options
 from .report import run_prefill
@@ -24,15 +23,18 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
                         profile_missing: str | Path | None = None) -> dict:
     """`sift prefill`: the prompt of `docs` (ids, or texts: `corpus.Document`) and `query` from a shard set, dense
     and SIFT side by side. Documents without bits are dense; with `profile_missing`, the prompt also reads that
-    set, and afterwards the documents no set holds are profiled into it for the next prompt."""
+    set, and afterwards the documents no set holds are profiled into it for the next prompt. The report's "store"
+    says how the sets were read (their serving store, or Parquet files with a hint to build it) and what opening
+    them cost, apart from SIFT's TTFT (which counts the lookup of the prompt's bits in the open sets)."""
     check_options(opts)
     get_backend(opts.backend, resolve_device(device))  # a bad --backend or --device fails before the model loads
-    sets = shard_sets(shards_dir, profile_missing)
+    sets, opened = open_sets_timed(shards_dir, profile_missing)
     lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
     if profile_missing is not None:
         check_destination(profile_missing, sets[0], lm)
     prompt = assemble(sets, lm, docs, query)
     report = run_prefill(lm, prompt, opts, progress=progress)
+    report["store"] = opened
     if profile_missing is not None:
         report["profiled_missing"] = profile_dense_documents(prompt, lm, profile_missing, sets[0]).to_json()
     return report
@@ -44,7 +46,7 @@ def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int 
     "question" and "expected" (the module that answers it). Each mode is timed as the median of 3 alternating runs
     after a warm-up on every device: on a CPU one run of a ~2K-token prompt moves by ±3 % (docs/benchmarks.md),
     more than the attention SIFT saves there, and three more pairs add under a minute to `make demo`."""
-    shards = ShardSet(shards_dir)
+    shards = open_set(shards_dir)
     lm = load_model(None, device=device)
     reports = []
     for q in SAMPLE_QUESTIONS[:n]:

@@ -79,9 +79,11 @@ def prompt_block_table(prompt: Prompt, opts: PrefillOptions) -> BlockTable:
     return BlockTable.for_layout(prompt.layout, opts.block_m, opts.block_n, opts.query_blocks)
 
 
-def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device) -> tuple[PromptBits, BlockTable]:
-    """The prompt's bits (every layer's) and block table on the device, the small tensors of both in one copy."""
-    bits, table = prompt.bits, prompt_block_table(prompt, opts)
+def prompt_tensors(prompt: Prompt, opts: PrefillOptions, device, bits: PromptBits | None = None
+                   ) -> tuple[PromptBits, BlockTable]:
+    """The prompt's bits (every layer's; `bits` when given, else `prompt.bits`) and block table on the device, the
+    small tensors of both in one copy."""
+    bits, table = bits if bits is not None else prompt.bits, prompt_block_table(prompt, opts)
     moved = to_device(bits.tensors() + table.tensors(), device)
     return bits.with_tensors(moved[: len(bits.TENSORS)]), table.with_tensors(moved[len(bits.TENSORS):])
 

@@ -90,7 +90,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
         if lm.device.type != "cuda":
             raise SiftError("--cuda-graphs needs a CUDA device")
         graphs = _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick)
-        d_logits, d_past, dense_times, s, sift_times, transfer_ms, block_lists = graphs["results"]
+        d_logits, d_past, dense_times, s, sift_times, (lookup_ms, transfer_ms), block_lists = graphs["results"]
         prep_ms = None
     else:
         for _ in range(max(0, opts.warmup)):  # compile / autotune / allocate outside the timed runs
@@ -108,17 +108,18 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
             s = None
             s = sparse_prefill(lm, prompt, backend, ids, opts, decoder)
             sift_times.append(s.timing)
-            sift_parts.append((s.transfer_ms, s.prepare_ms, s.forward_ms))
+            sift_parts.append((s.lookup_ms, s.transfer_ms, s.prepare_ms, s.forward_ms))
             tick()
         d_logits, d_past = d.logits, d.past
-        transfer_ms, prep_ms, forward_ms = (statistics.median(p) for p in zip(*sift_parts))
+        lookup_ms, transfer_ms, prep_ms, forward_ms = (statistics.median(p) for p in zip(*sift_parts))
         block_lists = s.plan.block_lists
     s_logits, s_past = (s.logits, s.past) if not graphs else s
     dense_t, sift_t = _timing_json(dense_times), _timing_json(sift_times)
     dense_tokens = greedy_generate(lm, d_logits.float(), d_past, opts.max_new_tokens)
     sift_tokens = greedy_generate(lm, s_logits.float(), s_past, opts.max_new_tokens)
     tok = lm.tokenizer
-    sift_t.update(transfer_ms=transfer_ms, decode_ms=prep_ms,
+    sift_t.update(lookup_ms=lookup_ms if prompt.source is not None else None, transfer_ms=transfer_ms,
+                  decode_ms=prep_ms,
                   forward_ms=None if graphs else forward_ms,
                   text=tok.decode(sift_tokens, skip_special_tokens=True), bound=_bound(sift_t))
     dense_t.update(text=tok.decode(dense_tokens, skip_special_tokens=True), bound=_bound(dense_t))
@@ -135,6 +136,8 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
         "speedup": dense_t["ttft_ms"] / sift_t["ttft_ms"] if sift_t["ttft_ms"] > 0 else None,
         "decode_ms": prep_ms,
         "decode_share_of_ttft": prep_ms / sift_t["ttft_ms"] if prep_ms is not None and sift_t["ttft_ms"] else None,
+        "lookup_share_of_ttft": (sift_t["lookup_ms"] / sift_t["ttft_ms"]
+                                 if sift_t["lookup_ms"] is not None and sift_t["ttft_ms"] else None),
         "same_answer": dense_tokens == sift_tokens,
         "metadata_bytes": prompt.bits.nbytes(),
         **compare_logits(d_logits.float(), s_logits.float()),
@@ -148,11 +151,11 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
 def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
     """Dense and SIFT each captured once, then replayed `repeat` times; also checks the graph's SIFT logits
     against an eager SIFT prefill of the same prompt (same kernels, same order: they must be equal). SIFT's
-    `transfer_ms` is the host staging of its ids and bits, already part of each replay's time (full recompute's graph
-    restages its ids the same way)."""
+    `lookup_ms` is fetching its bits from the prompt's sets and `transfer_ms` the host staging of its ids and bits,
+    both already part of each replay's time (full recompute's graph restages its ids the same way)."""
     dense = GraphedPrefill(lm, ids)
     sift = graphed_sparse_prefill(lm, prompt, backend, ids, opts, decoder, max(1, opts.repeat))
-    transfer_ms = sift.transfer_ms
+    host_ms = (sift.lookup_ms, sift.transfer_ms)
     for _ in range(max(0, opts.warmup)):
         dense.replay()
         tick()
@@ -169,6 +172,6 @@ def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:
     eager = sparse_prefill(lm, prompt, backend, ids, opts, decoder)
     s_logits = s_logits.float().clone()
     return {"results": (d_logits.float().clone(), d_past, dense_times, (s_logits, s_past), sift_times,
-                        transfer_ms, sift.plan.block_lists),
+                        host_ms, sift.plan.block_lists),
             "dense_capture_ms": dense.capture_ms, "sift_capture_ms": sift.capture_ms,
             "equal_eager": bool(torch.equal(eager.logits, s_logits))}

@@ -1,8 +1,9 @@
 """One prefill of a prompt on the loaded model: full recompute, or SIFT from the prompt's bit vectors.
 
-SIFT's time to first token counts moving the prompt's bit vectors to the device, decoding every layer's block
-lists (and the backend's own preparation) and the forward, timed as one piece from an idle device (the CUDA
-decoder runs on a side stream, beside the forward's start). Each prefill is timed three ways: wall time, host time
+SIFT's time to first token counts fetching the prompt's bit vectors from its shard sets (the store lookup),
+moving them to the device, decoding every layer's block lists (and the backend's own preparation) and the
+forward, timed as one piece from an idle device (the CUDA decoder runs on a side stream, beside the forward's
+start). Each prefill is timed three ways: wall time, host time
 (until Python has enqueued the whole forward) and GPU time (CUDA events), so a report shows whether a run is
 bound by the host or by the GPU. `graphs` captures a prefill as a CUDA graph; `report.run_prefill` runs both
 modes side by side.
@@ -85,8 +86,9 @@ def timed(lm: LoadedModel, fn) -> tuple[object, Timing]:
 
 @dataclass
 class SparseRun:
-    """One eager SIFT prefill, timed as one piece from an idle device: the bits' transfer, the decode of every
-    layer (on a side stream with the CUDA decoder, overlapping the forward) and the forward."""
+    """One eager SIFT prefill, timed as one piece from an idle device: the lookup of the prompt's bits in its shard
+    sets, their transfer, the decode of every layer (on a side stream with the CUDA decoder, overlapping the
+    forward) and the forward."""
 
     logits: torch.Tensor
     past: object
@@ -94,6 +96,7 @@ class SparseRun:
     transfer_ms: float  # host time to move the bits and the block table (enqueue, on a GPU)
     prepare_ms: float  # host time to decode every layer and prepare the backend (enqueue, on a GPU)
     plan: SparsePlan = field(repr=False)
+    lookup_ms: float = 0.0  # fetching the bits from the prompt's sets (0 for bits given in memory)
 
     @property
     def ttft_ms(self) -> float:
@@ -102,7 +105,7 @@ class SparseRun:
     @property
     def forward_ms(self) -> float:
         """The rest of the time to first token: the forward, and on a GPU what the decode adds to it."""
-        return self.timing.wall_ms - self.transfer_ms - self.prepare_ms
+        return self.timing.wall_ms - self.lookup_ms - self.transfer_ms - self.prepare_ms
 
 
 @torch.inference_mode()
@@ -121,14 +124,17 @@ def sparse_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, 
 
     def run():
         marks.append(time.perf_counter())
-        bits, table = prompt_tensors(prompt, opts, lm.device)
+        fetched = prompt.source.fetch() if prompt.source is not None else prompt.bits  # the store lookup
+        marks.append(time.perf_counter())
+        bits, table = prompt_tensors(prompt, opts, lm.device, fetched)
         marks.append(time.perf_counter())
         plan = prepare_sparse(lm, bits, table, backend, decoder)
         marks.append(time.perf_counter())
         return run_forward(lm, ids, sparse_attention(lm.model, plan)), plan
 
     ((logits, past), plan), t = timed(lm, run)
-    return SparseRun(logits.float(), past, t, (marks[1] - marks[0]) * 1e3, (marks[2] - marks[1]) * 1e3, plan)
+    ms = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+    return SparseRun(logits.float(), past, t, ms[1], ms[2], plan, lookup_ms=ms[0])
 
 
 def _causal_prefill(lm: LoadedModel, prompt: Prompt, backend, ids: torch.Tensor, opts: PrefillOptions,

@@ -22,7 +22,8 @@ from ..corpus import Document
 from ..errors import SiftError
 from ..launch.claims import BucketClaims
 from ..models import LoadedModel
-from ..shards.files import ShardFile, skipped_documents, write_manifest, write_shard
+from ..shards.files import ShardFile, skipped_documents, write_shard
+from ..shards.manifest import write_manifest
 from ..shards.format import MANIFEST, part_name, shard_of, token_sha256
 from ..tokens import tokenize_documents
 from .job import check_compatible, profile_rows, shard_metadata

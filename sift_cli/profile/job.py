@@ -20,7 +20,8 @@ from ..corpus import Corpus, CorpusFormat, Document, load_corpus
 from ..errors import SiftError
 from ..launch.claims import BucketClaims
 from ..models import LoadedModel
-from ..shards.files import ShardFile, list_parts, write_manifest, write_shard
+from ..shards.files import ShardFile, list_parts, write_shard
+from ..shards.manifest import write_manifest
 from ..shards.format import FORMAT_VERSION, matching_keys, part_name, shard_of, token_sha256
 from ..tokens import prefix_token_ids, tokenize_documents, tokenizer_info
 from .batches import plan_batches

@@ -1,51 +1,20 @@
 """Shard files on disk: the atomic writer, `ShardFile` (one part file's metadata and rows), listing a directory's
-parts, the metadata they share, and the manifest (`manifest.parquet`, doc_id → file, row).
+parts and the metadata they share (the manifest: `manifest.py`).
 """
 
 from __future__ import annotations
 
-import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..atomic import atomic_write  # noqa: F401 (every shard writer's)
 from ..errors import SiftError
-from .format import (MANIFEST, PART_GLOB, arrow_schema, decode_metadata, encode_metadata, manifest_schema,
-                     matching_keys, required_keys)
-
-
-def _new_temporary(path: Path) -> str:
-    """Create an empty temporary file beside `path` (`.NAME.RANDOM.tmp`), its mode 0666 less the umask as for any
-    ordinary file (tempfile.mkstemp would make it 0600, unreadable to the other users of a shared cluster)."""
-    for _ in range(100):
-        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            return tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name beside {path}")
-
-
-def atomic_write(path: Path, write) -> None:
-    """Run write(tmp_path), then rename into place: a crash never leaves a readable half file at `path`. The file's
-    mode follows the umask."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _new_temporary(path)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+from ..store.writer import write_bucket
+from .format import (PART_GLOB, arrow_schema, decode_metadata, encode_metadata, matching_keys,
+                     required_keys)
 
 
 def write_shard(path: Path, rows: list[dict], meta: dict) -> None:
@@ -56,6 +25,7 @@ def write_shard(path: Path, rows: list[dict], meta: dict) -> None:
     table = table.replace_schema_metadata(encode_metadata(meta))
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd", compression_level=9,
                                                   row_group_size=1024))
+    write_bucket(path, rows, meta)  # the serving store's copy, for point reads (store/)
 
 
 @dataclass
@@ -136,30 +106,3 @@ def skipped_documents(files: list[ShardFile]) -> dict[str, str]:
         for d in f.meta.get("sift.skipped") or []:
             out[d] = reasons.get(d, "skipped at profile time")
     return dict(sorted(out.items()))
-
-
-def write_manifest(directory: Path) -> Path:
-    """Index doc_id → (file, row) over every part file, sorted by doc_id; written atomically."""
-    files = [ShardFile.open(p) for p in list_parts(directory)]
-    if not files:
-        raise SiftError(f"{directory}: no shard files to index")
-    meta = shared_metadata(files)
-    ids, names, rows, lengths = [], [], [], []
-    for f in files:
-        t = f.read(["doc_id", "n_tokens"])
-        n = t.num_rows
-        ids.extend(t.column("doc_id").to_pylist())
-        names.extend([f.path.name] * n)
-        rows.extend(range(n))
-        lengths.extend(t.column("n_tokens").to_pylist())
-    order = sorted(range(len(ids)), key=ids.__getitem__)
-    table = pa.table({"doc_id": [ids[i] for i in order], "file": [names[i] for i in order],
-                      "row": [rows[i] for i in order], "n_tokens": [lengths[i] for i in order]},
-                     schema=manifest_schema())
-    meta["sift.files"] = [{"file": f.path.name, "rows": f.num_rows, "bytes": f.path.stat().st_size} for f in files]
-    skipped = skipped_documents(files)  # every bucket's, so that readers of the manifest can say why an id is absent
-    meta["sift.skipped"], meta["sift.skip_reasons"] = list(skipped), skipped
-    table = table.replace_schema_metadata(encode_metadata(meta))
-    path = directory / MANIFEST
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-    return path

@@ -12,11 +12,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..resources import resource_path
+from .names import MANIFEST, PART_GLOB, doc_key, part_name, shard_of  # noqa: F401 (the format's names)
 
 FORMAT_VERSION = 1
 SCHEMA_FILE = "shard-v1.json"
-MANIFEST = "manifest.parquet"
-PART_GLOB = "part-*.parquet"
 _TYPES = {"string": pa.string(), "binary": pa.binary(), "int32": pa.int32(), "float32": pa.float32(),
           "list<int32>": pa.list_(pa.int32())}
 
@@ -41,15 +40,6 @@ def required_keys() -> list[str]:
 
 def matching_keys() -> list[str]:
     return schema_spec()["metadata"]["must_match_across_files"]
-
-
-def part_name(index: int) -> str:
-    return f"part-{index:05d}.parquet"
-
-
-def shard_of(doc_id: str, num_shards: int) -> int:
-    """Deterministic bucket of a doc_id: independent of worker count, order and machine."""
-    return int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big") % num_shards
 
 
 def token_sha256(tokens) -> str:

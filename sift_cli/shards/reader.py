@@ -3,7 +3,6 @@ id is absent (skipped at profile time, with its reason, or never profiled)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -11,14 +10,7 @@ import pyarrow.parquet as pq
 from ..errors import SiftError
 from .files import ShardFile, list_parts, shared_metadata, skipped_documents
 from .format import MANIFEST, decode_metadata, matching_keys
-
-
-@dataclass
-class DocRecord:
-    doc_id: str
-    tokens: list[int]
-    la_bits: bytes
-    ca_bits: bytes
+from .record import DocRecord
 
 
 class ShardSet:
@@ -111,6 +103,11 @@ class ShardSet:
                             f"`sift ids {self.dir}` lists the set's ids", [self.absent(d) for d in missing])
         found = self.records(doc_ids)
         return [found[d] for d in doc_ids]
+
+    def bits(self, doc_ids: list[str]) -> tuple[list[bytes], list[bytes]]:
+        """The LA and CA bit vectors of `doc_ids`, in order (as `store.bitstore.BitStore.bits`)."""
+        records = self.get(doc_ids)
+        return [r.la_bits for r in records], [r.ca_bits for r in records]
 
     def records(self, doc_ids: list[str]) -> dict[str, DocRecord]:
         """The records of the ids of `doc_ids` this set holds (the others are left out)."""

@@ -8,7 +8,8 @@ from pathlib import Path
 from ..errors import SiftError
 from ..launch.claims import busy_buckets, clean_leftovers
 from ..launch.records import read_worker_records
-from .files import ShardFile, list_parts, shared_metadata, write_manifest
+from .files import ShardFile, list_parts, shared_metadata
+from .manifest import write_manifest
 from .format import MANIFEST, part_name, required_keys
 
 

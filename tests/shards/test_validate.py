@@ -3,7 +3,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sift_cli.errors import SiftError
-from sift_cli.shards.files import list_parts, write_manifest
+from sift_cli.shards.files import list_parts
+from sift_cli.shards.manifest import write_manifest
 from sift_cli.shards.format import MANIFEST, decode_metadata, encode_metadata, part_name
 from sift_cli.shards.reader import ShardSet
 from sift_cli.shards.validate import validate_path

@@ -1,0 +1,90 @@
+"""Building the serving store of a shard set from its part files: every bucket file that is missing or stale
+(`sift index`, and `sift status --finalize` / the end of `sift profile` with the manifest), with worker processes
+across files; and whether one bucket file is current."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from ..errors import SiftError
+from ..shards.files import ShardFile, list_parts, shared_metadata, skipped_documents
+from .layout import SUFFIX, BucketView, StoreDamage, bucket_file_name, part_fingerprint
+from .writer import store_dir, write_bucket, write_set_header
+
+
+def part_rows(part: Path) -> tuple[list[dict], dict]:
+    """A part file's rows (doc_id, tokens as int32 bytes, la_bits, ca_bits) and metadata, read column-wise."""
+    shard = ShardFile.open(part)
+    table = shard.read(["doc_id", "tokens", "la_bits", "ca_bits"])
+    ids = table.column("doc_id").to_pylist()
+    tokens = table.column("tokens").combine_chunks()
+    values = tokens.values.to_numpy(zero_copy_only=False).astype("<i4", copy=False)
+    offs = tokens.offsets.to_numpy()
+    la, ca = table.column("la_bits").to_pylist(), table.column("ca_bits").to_pylist()
+    rows = [{"doc_id": d, "tokens": values[offs[i]: offs[i + 1]].tobytes(), "la_bits": la[i], "ca_bits": ca[i]}
+            for i, d in enumerate(ids)]
+    return rows, shard.meta
+
+
+def bucket_state(part: Path, digest: str | None = None) -> str | None:
+    """Why the bucket file of `part` cannot serve (missing, damaged, built from another part file or for another
+    set), or None when it is current. Reads its header, table and the part's footer, not its records."""
+    try:
+        shard = int(part.name.removeprefix("part-").split(".", 1)[0])
+    except ValueError:
+        return "not a part file"
+    path = store_dir(part.parent) / bucket_file_name(shard)
+    if not path.is_file():
+        return "missing"
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        view = BucketView(buf, path.name)
+    except StoreDamage as exc:
+        return f"damaged ({exc})"
+    recorded = view.meta.get("part") or {}
+    if {k: recorded.get(k) for k in ("bytes", "footer_sha256")} != part_fingerprint(part):
+        return "stale (its part file changed after it was built)"
+    if digest is not None and view.meta.get("set_digest") != digest:
+        return "built for other settings (set digest differs)"
+    return None
+
+
+def _index_one(part: str) -> str:
+    rows, meta = part_rows(Path(part))
+    write_bucket(Path(part), rows, meta)
+    return part
+
+
+def index_set(directory: str | Path, workers: int = 1, rebuild: bool = False) -> dict:
+    """Build every bucket file of a shard set that is missing or stale (all of them with `rebuild`) and
+    `store/set.json`; remove bucket files no part file has. Returns {built, current, removed, seconds}."""
+    t0 = time.perf_counter()
+    directory = Path(directory)
+    parts = list_parts(directory)
+    if not parts:
+        raise SiftError(f"{directory}: no shard files (part-*.parquet) to index")
+    files = [ShardFile.open(p) for p in parts]
+    meta = shared_metadata(files)
+    header = write_set_header(directory, meta)
+    todo = [str(p) for p in parts if rebuild or bucket_state(p, header["digest"]) is not None]
+    if workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(min(workers, len(todo))) as pool:
+            list(pool.map(_index_one, todo, chunksize=max(1, len(todo) // (8 * workers))))
+    else:
+        for p in todo:
+            _index_one(p)
+    names = {bucket_file_name(int(p.name[5:10])) for p in parts}
+    removed = 0
+    for f in store_dir(directory).glob(f"part-*{SUFFIX}"):
+        if f.name not in names:
+            os.unlink(f)
+            removed += 1
+    skipped = skipped_documents(files)
+    return {"path": str(directory), "buckets": len(parts), "built": len(todo), "current": len(parts) - len(todo),
+            "removed": removed, "skipped_documents": len(skipped), "seconds": time.perf_counter() - t0}
