@@ -222,3 +222,47 @@ def test_prompt_without_bits_runs_full_recompute(tiny_lm, all_bits):
     assert not mixed.bits.without_bits()
     assert not run_prefill(tiny_lm, mixed, PrefillOptions(backend="gather", repeat=1, warmup=0,
                                                           max_new_tokens=2))["causal_kernel"]
+
+
+def test_sift_time_counts_the_lookup_of_its_bits(tmp_path, tiny_lm, small_corpus):
+    """Each timed SIFT prefill fetches the prompt's bits from the open store again (its lookup_ms, inside the TTFT),
+    and they equal the bits the prompt was assembled with."""
+    from sift_cli.prefill.lookup import open_set
+    from sift_cli.store.bitstore import BitStore
+
+    out = tmp_path / "set"
+    profile_corpus(small_corpus, out, tiny_lm, ProfileConfig(tile=16), num_shards=2)
+    store = open_set(out)
+    assert isinstance(store, BitStore)
+    ids = ["doc03", "doc07", "doc01"]
+    prompt = assemble(store, tiny_lm, ids, "What does the fox do?")
+    assert prompt.source is not None and torch.equal(prompt.source.fetch().la, prompt.bits.la)
+    before = store.stats.lookups
+    r = run_prefill(tiny_lm, prompt, PrefillOptions(backend="reference", repeat=2, warmup=1, max_new_tokens=1))
+    assert store.stats.lookups - before == len(ids) * 3  # the warm-up and both timed runs
+    assert 0 < r["sift"]["lookup_ms"] < r["sift"]["ttft_ms"] and 0 < r["lookup_share_of_ttft"] < 1
+
+
+def test_a_set_without_a_store_is_read_through_parquet_with_a_hint(tmp_path, tiny_lm, tiny_ckpt, small_corpus,
+                                                                   capsys):
+    import shutil
+
+    out = tmp_path / "set"
+    profile_corpus(small_corpus, out, tiny_lm, ProfileConfig(tile=16), num_shards=2)
+    with_store = assemble(ShardSet(out), tiny_lm, ["doc03", "doc07"], "Why?")
+    shutil.rmtree(out / "store")  # a set made before the store existed
+    docs, query = tmp_path / "ids.txt", tmp_path / "q.txt"
+    docs.write_text("doc03\ndoc07\n")
+    query.write_text("Why?\n")
+    code, stdout, err = run(capsys, "prefill", "--shards", out, "--docs", docs, "--query", query, "--model",
+                            tiny_ckpt, "--backend", "reference", "--max-new-tokens", "1", "--json")
+    report = json.loads(stdout)
+    assert code == 0 and report["store"]["read_path"] == "parquet"
+    assert f"sift index {out}" in report["store"]["hints"][0]
+    code, _, _ = run(capsys, "index", out)
+    assert code == 0
+    code, stdout, _ = run(capsys, "prefill", "--shards", out, "--docs", docs, "--query", query, "--model",
+                          tiny_ckpt, "--backend", "reference", "--max-new-tokens", "1", "--json")
+    again = json.loads(stdout)
+    assert again["store"] == {**again["store"], "read_path": "store", "hints": []}
+    assert again["metadata_bytes"] == with_store.bits.nbytes() and again["kl"] == report["kl"]

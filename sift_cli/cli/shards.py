@@ -184,6 +184,8 @@ def index(
     path: Path = typer.Argument(..., help="a shard directory"),
     workers: int = typer.Option(1, "--workers", help="processes building bucket files in parallel"),
     rebuild: bool = typer.Option(False, "--rebuild", help="rebuild every bucket file, current ones too"),
+    verify: bool = typer.Option(False, "--verify", help="also read every record's checksum, rebuilding the bucket "
+                                                        "files with a damaged one"),
     as_json: bool = JsonOpt,
 ):
     """Build the set's serving store (store/: point reads of a document's bits), or bring it up to date: every
@@ -193,7 +195,7 @@ def index(
 
     if workers < 1:
         raise typer.BadParameter("--workers must be at least 1")
-    r = index_set(path, workers=workers, rebuild=rebuild)
+    r = index_set(path, workers=workers, rebuild=rebuild, verify=verify)
     if as_json:
         print_json(r)
     else:

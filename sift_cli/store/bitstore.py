@@ -92,18 +92,18 @@ class BitStore:
         key = doc_key(doc_id)
         shard = key % self.num_shards
         bucket = self._bucket(shard)
-        i, read = (None, 0) if bucket.view is None else bucket.view.find(doc_id, key)
-        if i is None and self._replaced(shard, bucket):  # written since it was mapped: documents were added
-            bucket = self._bucket(shard, reopen=True)
-            i, more = (None, 0) if bucket.view is None else bucket.view.find(doc_id, key)
-            read += more
-        rec = None
-        if i is not None:
-            try:
+        try:
+            i, read = (None, 0) if bucket.view is None else bucket.view.find(doc_id, key)
+            if i is None and self._replaced(shard, bucket):  # written since it was mapped: documents were added
+                bucket = self._bucket(shard, reopen=True)
+                i, more = (None, 0) if bucket.view is None else bucket.view.find(doc_id, key)
+                read += more
+            rec = None
+            if i is not None:
                 rec, more = bucket.view.record(i)
-            except StoreDamage as exc:
-                raise self._damaged(shard, exc) from None
-            read += more
+                read += more
+        except StoreDamage as exc:
+            raise self._damaged(exc) from None
         with self._lock:
             self.stats.bytes_read += read
             if rec is not None and self._cache_cap:
@@ -216,7 +216,7 @@ class BitStore:
         try:
             view = BucketView(buf, path.name)
         except StoreDamage as exc:
-            raise self._damaged(shard, exc) from None
+            raise self._damaged(exc) from None
         if view.meta.get("set_digest") != self.digest:
             raise SiftError(f"{path}: built for other settings than {STORE_DIR}/{SET_FILE} says — rebuild the store "
                             f"with `sift index {self.dir} --rebuild`")
@@ -244,10 +244,10 @@ class BitStore:
         try:
             return [bucket.view.record(i)[0] for i in range(bucket.view.n)]
         except StoreDamage as exc:
-            raise self._damaged(shard, exc) from None
+            raise self._damaged(exc) from None
 
-    def _damaged(self, shard: int, exc: Exception) -> SiftError:
-        return SiftError(f"{exc} — the store file is damaged; rebuild it with `sift index {self.dir}`")
+    def _damaged(self, exc: Exception) -> SiftError:
+        return SiftError(f"{exc} — the store file is damaged; rebuild it with `sift index {self.dir} --verify`")
 
     def _remember(self, rec: Record) -> None:
         size = len(rec.tokens) + len(rec.la_bits) + len(rec.ca_bits)

@@ -30,9 +30,10 @@ def part_rows(part: Path) -> tuple[list[dict], dict]:
     return rows, shard.meta
 
 
-def bucket_state(part: Path, digest: str | None = None) -> str | None:
+def bucket_state(part: Path, digest: str | None = None, verify: bool = False) -> str | None:
     """Why the bucket file of `part` cannot serve (missing, damaged, built from another part file or for another
-    set), or None when it is current. Reads its header, table and the part's footer, not its records."""
+    set), or None when it is current. Reads its header, table and the part's footer; with `verify` also every
+    record (their checksums)."""
     try:
         shard = int(part.name.removeprefix("part-").split(".", 1)[0])
     except ValueError:
@@ -52,6 +53,12 @@ def bucket_state(part: Path, digest: str | None = None) -> str | None:
         return "stale (its part file changed after it was built)"
     if digest is not None and view.meta.get("set_digest") != digest:
         return "built for other settings (set digest differs)"
+    if verify:
+        try:
+            for _ in view.records():
+                pass
+        except StoreDamage as exc:
+            return f"damaged ({exc})"
     return None
 
 
@@ -61,9 +68,10 @@ def _index_one(part: str) -> str:
     return part
 
 
-def index_set(directory: str | Path, workers: int = 1, rebuild: bool = False) -> dict:
-    """Build every bucket file of a shard set that is missing or stale (all of them with `rebuild`) and
-    `store/set.json`; remove bucket files no part file has. Returns {built, current, removed, seconds}."""
+def index_set(directory: str | Path, workers: int = 1, rebuild: bool = False, verify: bool = False) -> dict:
+    """Build every bucket file of a shard set that is missing or stale (all of them with `rebuild`; with `verify`,
+    also those with a damaged record, every record's checksum read) and `store/set.json`; remove bucket files no
+    part file has. Returns {built, current, removed, seconds}."""
     t0 = time.perf_counter()
     directory = Path(directory)
     parts = list_parts(directory)
@@ -72,7 +80,7 @@ def index_set(directory: str | Path, workers: int = 1, rebuild: bool = False) ->
     files = [ShardFile.open(p) for p in parts]
     meta = shared_metadata(files)
     header = write_set_header(directory, meta)
-    todo = [str(p) for p in parts if rebuild or bucket_state(p, header["digest"]) is not None]
+    todo = [str(p) for p in parts if rebuild or bucket_state(p, header["digest"], verify) is not None]
     if workers > 1 and len(todo) > 1:
         with ProcessPoolExecutor(min(workers, len(todo))) as pool:
             list(pool.map(_index_one, todo, chunksize=max(1, len(todo) // (8 * workers))))

@@ -168,8 +168,11 @@ class BucketView:
             o = int(self.offsets[i])
             id_len = struct.unpack_from("<I", self.buf, o)[0]
             read += 16 + RECORD.size + id_len
-            if bytes(self.buf[o + RECORD.size: o + RECORD.size + id_len]) == want:
+            stored = bytes(self.buf[o + RECORD.size: o + RECORD.size + id_len])
+            if stored == want:
                 return i, read
+            if doc_key(stored.decode("utf-8", "replace")) != key:  # not another id of the same key: damage
+                raise StoreDamage(f"{self.name}: record {i} does not hold the document its key names")
             i += 1
         return None, read
 
