@@ -7,7 +7,6 @@ byte k // 8 (MSB first), zero-padded to a whole byte. CA: page p is bit 7 - p % 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 
 def n_pages(n_tokens: int, tile: int) -> int:
@@ -35,7 +34,7 @@ def _lower_tri(pages: int) -> tuple[np.ndarray, np.ndarray]:
     return np.tril_indices(pages)  # row-major: (0,0), (1,0), (1,1), (2,0), ...
 
 
-def pack_la(tiles: np.ndarray | torch.Tensor) -> bytes:
+def pack_la(tiles) -> bytes:
     """tiles: bool [P, P] (only the lower triangle is read) → LA vector."""
     tiles = _as_numpy(tiles)
     rows, cols = _lower_tri(tiles.shape[0])
@@ -51,7 +50,7 @@ def unpack_la(data: bytes, pages: int) -> np.ndarray:
     return out
 
 
-def pack_ca(pages: np.ndarray | torch.Tensor) -> bytes:
+def pack_ca(pages) -> bytes:
     """pages: bool [P] → CA vector."""
     return np.packbits(_as_numpy(pages).astype(np.uint8), bitorder="big").tobytes()
 
@@ -60,7 +59,7 @@ def unpack_ca(data: bytes, pages: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="big")[:pages].astype(bool)
 
 
-def pack_doc(la_tiles: np.ndarray | torch.Tensor, ca_pages: np.ndarray | torch.Tensor) -> tuple[bytes, bytes]:
+def pack_doc(la_tiles, ca_pages) -> tuple[bytes, bytes]:
     """One document: la_tiles bool [L, H, P, P], ca_pages bool [L, H, P] → (la_bits, ca_bits).
 
     Vectors are concatenated layer-major, head-minor, each starting on a byte boundary.
@@ -88,6 +87,7 @@ def unpack_doc(la_bits: bytes, ca_bits: bytes, n_layers: int, n_heads: int, page
 
 
 def _as_numpy(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    """A bool array of a numpy array or a torch tensor (no torch import: the shard readers run without it)."""
+    if hasattr(x, "detach"):
         return x.detach().cpu().numpy().astype(bool)
     return np.asarray(x, dtype=bool)

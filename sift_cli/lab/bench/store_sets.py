@@ -21,6 +21,7 @@ from ...bits import ca_nbytes, la_nbytes, n_pages, n_tiles
 from ...shards.files import write_shard
 from ...shards.format import FORMAT_VERSION, part_name, shard_of, token_sha256
 from ...shards.manifest import write_manifest
+from .store_probe import doc_id
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,6 @@ def set_metadata(shape: SetShape, num_shards: int) -> dict:
             "sift.gamma": 0.1, "sift.prefix_token_ids": [1, 2, 3], "sift.tokenizer": {"class": "synthetic",
                                                                                      "vocab_size": shape.vocab},
             "sift.tool_version": __version__, "sift.num_shards": num_shards, "sift.max_context": shape.max_context}
-
-
-def doc_id(i: int) -> str:
-    return f"doc{i:07d}"
 
 
 @functools.lru_cache(maxsize=None)
