@@ -22,7 +22,7 @@ from sift_cli.prefill.options import PrefillOptions
 from sift_cli.prefill.run import dense_prefill, sparse_prefill
 from sift_cli.profile.additions import add_documents
 from sift_cli.profile.job import profile_corpus
-from sift_cli.shards.ids import doc_id_listing, prompt_ids_report
+from sift_cli.shards.ids import prompt_ids_report
 from sift_cli.shards.reader import ShardSet
 from sift_cli.shards.validate import validate_path
 
@@ -89,8 +89,7 @@ def test_documents_as_text(tiny_lm, full_set, corpus_docs):
     assert [(d.doc_id, d.reason) for d in changed.dense] == [("doc03", TEXT_DIFFERS)]
     with pytest.raises(SiftError, match="not in the shard set .* no text was given"):
         assemble(full_set, tiny_lm, ["doc03", "unknown"], "q?")
-    listing = doc_id_listing(full_set.dir)
-    assert prompt_ids_report(listing, ["doc03", "x", "doc04", "x", "y"])["missing_ids"] == ["x", "y"]
+    assert prompt_ids_report(full_set.dir, ["doc03", "x", "doc04", "x", "y"])["missing_ids"] == ["x", "y"]
 
 
 def test_on_the_fly_bits_equal_sift_profile(tmp_path, tiny_lm, full_set, partial_set, corpus_docs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -21,10 +22,13 @@ def inspect(
     doc: Optional[str] = typer.Option(None, "--doc", help="draw this document's tile map"),
     layer: int = typer.Option(0, "--layer"),
     head: int = typer.Option(0, "--head"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="files read in parallel (default: the CPU "
+                                                                   "count, at most 8)"),
     as_json: bool = JsonOpt,
 ):
     """Sparsity statistics of shards (overall and per layer) and metadata size against the KV cache."""
     from ..shards.inspection import draw_tile_map, inspect_shards, tile_map
+    from ..shards.validate import default_workers
 
     if doc is not None:
         tm = tile_map(path, doc, layer, head)
@@ -33,7 +37,9 @@ def inspect(
         else:
             out.print(draw_tile_map(tm))
         return
-    s = inspect_shards(path)
+    if workers is not None and workers < 1:
+        raise typer.BadParameter("--workers must be at least 1")
+    s = inspect_shards(path, workers or default_workers())
     if as_json:
         print_json(s)
         return
@@ -58,12 +64,17 @@ def inspect(
 
 def validate(
     path: Path = typer.Argument(..., help="a shard file or a shard directory"),
+    workers: Optional[int] = typer.Option(None, "--workers", help="files checked in parallel (default: the CPU "
+                                                                   "count, at most 8)"),
     as_json: bool = JsonOpt,
 ):
-    """Check shards: schema, bit-vector lengths, token hashes, duplicates, metadata, manifest. Exit 1 on problems."""
+    """Check shards: schema, bit-vector lengths, token hashes, duplicates, metadata, manifest and serving store.
+    Exit 1 on problems; --json lists each with a code, its file, doc_id and row where there is one."""
     from ..shards.validate import validate_path
 
-    result = validate_path(path)
+    if workers is not None and workers < 1:
+        raise typer.BadParameter("--workers must be at least 1")
+    result = validate_path(path, workers)
     if as_json:
         print_json(result)
     elif result["ok"]:
@@ -71,7 +82,7 @@ def validate(
     else:
         err.print(f"[red]{len(result['problems'])} problems[/] in {result['path']}:")
         for p in result["problems"]:
-            err.print(f"  - {escape(p)}")
+            err.print(f"  - {escape(p['message'])}")
     if not result["ok"]:
         raise typer.Exit(1)
 
@@ -84,11 +95,10 @@ def status(
 ):
     """Which shards of a directory are done, in progress (held by a live worker) and missing; --finalize writes
     the manifest (and removes leftover lock and temporary files); --docs: which of a prompt's ids it lacks."""
-    from ..shards.ids import doc_id_listing
     from ..shards.status import shard_status
 
     result = shard_status(path, finalize)
-    prompt = _prompt_ids(doc_id_listing(path), docs) if docs is not None else None
+    prompt = _prompt_ids(path, docs)
     if prompt is not None:
         result["prompt"] = {k: v for k, v in prompt.items() if k != "entries"}
     n, missing, running, bad = result["num_shards"], result["missing"], result["running"], result["bad"]
@@ -139,27 +149,32 @@ def ids(
     as_json: bool = JsonOpt,
 ):
     """Every doc_id of a shard set with its status: profiled (file, tokens) or skipped at profile time (and why).
-    One tab-separated line per id on stdout; the counts on stderr. With --docs, only the prompt's ids (absent:
-    never seen)."""
-    from ..shards.ids import doc_id_listing
+    One tab-separated line per id on stdout (--json: one JSON object per line), streamed in doc_id order; the
+    counts on stderr. With --docs, only the prompt's ids (absent: never seen)."""
+    from ..shards.ids import DocIdListing
 
-    listing = doc_id_listing(path)
-    prompt = _prompt_ids(listing, docs)
-    if as_json:
-        print_json(listing if prompt is None else {**{k: v for k, v in listing.items() if k != "documents"},
-                                                   "prompt": prompt})
-        return
-    rows = listing["documents"] if prompt is None else prompt["entries"]
-    print_plain(f"{r['doc_id']}\t{r['status']}\t"
-                + (f"{r['file']}\t{r['n_tokens']} tokens" if r["status"] == "profiled" else r.get("reason", ""))
-                for r in rows)
-    if prompt is None:
-        err.print(f"{listing['profiled']} profiled, {listing['skipped']} skipped, in {listing['files']} files")
-    else:
+    if docs is not None:
+        prompt = _prompt_ids(path, docs)
+        if as_json:
+            print_json({"path": str(path), "prompt": prompt})
+            return
+        print_plain(_id_line(r) for r in prompt["entries"])
         err.print(_prompt_line(prompt, path))
+        return
+    listing = DocIdListing(path)
+    if as_json:
+        print_plain(json.dumps(r) for r in listing)
+    else:
+        print_plain(_id_line(r) for r in listing)
+    err.print(f"{listing.profiled} profiled, {listing.skipped} skipped, in {listing.files} files")
 
 
-def _prompt_ids(listing: dict, docs: Optional[Path]) -> dict | None:
+def _id_line(r: dict) -> str:
+    return (f"{r['doc_id']}\t{r['status']}\t"
+            + (f"{r['file']}\t{r['n_tokens']} tokens" if r["status"] == "profiled" else r.get("reason", "")))
+
+
+def _prompt_ids(path: Path, docs: Optional[Path]) -> dict | None:
     if docs is None:
         return None
     from ..corpus import Document
@@ -169,7 +184,7 @@ def _prompt_ids(listing: dict, docs: Optional[Path]) -> dict | None:
 
     entries = read_documents(docs)
     names = [doc_id_of(d) for d in entries]
-    return prompt_ids_report(listing, names, {d.doc_id for d in entries if isinstance(d, Document)})
+    return prompt_ids_report(path, names, {d.doc_id for d in entries if isinstance(d, Document)})
 
 
 def _prompt_line(p: dict, path) -> str:

@@ -3,42 +3,74 @@ metadata bytes against the KV cache the same tokens would need, and one document
 
 from __future__ import annotations
 
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..bits import ca_nbytes, la_nbytes, n_pages, n_tiles, unpack_ca, unpack_la
+from ..bits import ca_nbytes, la_nbytes, n_pages, unpack_ca, unpack_la
 from ..errors import SiftError
+from ..store.bitstore import BitStore
+from ..store.layout import SET_FILE, STORE_DIR
+from .columns import binary_column, gather_rows, row_chunks
 from .files import ShardFile, shard_paths, shared_metadata
 
 
-def _popcounts(blob: bytes, vectors: int, nbytes: int) -> np.ndarray:
-    arr = np.frombuffer(blob, dtype=np.uint8).reshape(vectors, nbytes)
-    return np.unpackbits(arr, axis=1).sum(1, dtype=np.int64)
+@dataclass
+class FileStats:
+    """One part file's share of `inspect_shards`: set bits per (layer, head), tiles, pages, tokens, documents."""
+    la_set: np.ndarray  # int64 [L * H]
+    ca_set: np.ndarray
+    tiles: int = 0
+    pages: int = 0
+    tokens: int = 0
+    documents: int = 0
+    meta_bytes: int = 0
+    lengths_min: int | None = None
+    lengths_max: int | None = None
 
 
-def inspect_shards(path: str | Path) -> dict:
+def file_stats(path: str, vectors: int, tile: int) -> FileStats:
+    """Popcounts of one file, rows grouped by page count and counted as byte arrays (no Python per row)."""
+    table = ShardFile.open(Path(path)).read(["n_tokens", "la_bits", "ca_bits"])
+    n = table.column("n_tokens").to_numpy().astype(np.int64)
+    stats = FileStats(np.zeros(vectors, np.int64), np.zeros(vectors, np.int64))
+    if not len(n):
+        return stats
+    pages = -(-n // tile)
+    stats.tiles, stats.pages = int((pages * (pages + 1) // 2).sum()), int(pages.sum())
+    stats.tokens, stats.documents = int(n.sum()), len(n)
+    stats.lengths_min, stats.lengths_max = int(n.min()), int(n.max())
+    for name, nbytes, total in (("la", la_nbytes, stats.la_set), ("ca", ca_nbytes, stats.ca_set)):
+        data, offs = binary_column(table.column(f"{name}_bits"))
+        stats.meta_bytes += int(offs[-1] - offs[0])
+        for p in np.unique(pages):
+            width = nbytes(int(p))
+            for rows in row_chunks(np.nonzero(pages == p)[0], vectors * width):
+                block = gather_rows(data, offs[rows], vectors * width).reshape(len(rows), vectors, width)
+                total += np.bitwise_count(block).sum(axis=(0, 2), dtype=np.int64)
+    return stats
+
+
+def inspect_shards(path: str | Path, workers: int = 1) -> dict:
     files = [ShardFile.open(p) for p in shard_paths(Path(path))]
     meta = shared_metadata(files)
     L, H, T = int(meta["sift.n_layers"]), int(meta["sift.n_heads"]), int(meta["sift.tile_size"])
     kv_heads, head_dim = int(meta["sift.n_kv_heads"]), int(meta["sift.head_dim"])
-    la_set = np.zeros((L, H), dtype=np.int64)
-    ca_set = np.zeros((L, H), dtype=np.int64)
-    tiles_total = pages_total = tokens = docs = meta_bytes = 0
-    lengths = []
-    for f in files:
-        t = f.read(["n_tokens", "la_bits", "ca_bits"])
-        for n, la, ca in zip(t.column("n_tokens").to_pylist(), t.column("la_bits").to_pylist(),
-                             t.column("ca_bits").to_pylist()):
-            p = n_pages(n, T)
-            la_set += _popcounts(la, L * H, la_nbytes(p)).reshape(L, H)
-            ca_set += _popcounts(ca, L * H, ca_nbytes(p)).reshape(L, H)
-            tiles_total += n_tiles(p)
-            pages_total += p
-            tokens += n
-            docs += 1
-            meta_bytes += len(la) + len(ca)
-            lengths.append(n)
+    names = [str(f.path) for f in files]
+    if workers > 1 and len(files) > 1:
+        with ProcessPoolExecutor(min(workers, len(files))) as pool:
+            parts = list(pool.map(file_stats, names, [L * H] * len(names), [T] * len(names), chunksize=4))
+    else:
+        parts = [file_stats(n, L * H, T) for n in names]
+    la_set = sum(p.la_set for p in parts).reshape(L, H)
+    ca_set = sum(p.ca_set for p in parts).reshape(L, H)
+    tiles_total, pages_total = sum(p.tiles for p in parts), sum(p.pages for p in parts)
+    tokens, docs, meta_bytes = sum(p.tokens for p in parts), sum(p.documents for p in parts), \
+        sum(p.meta_bytes for p in parts)
+    lows = [p.lengths_min for p in parts if p.documents]
+    highs = [p.lengths_max for p in parts if p.documents]
     la_d = la_set / max(1, tiles_total)
     ca_d = ca_set / max(1, pages_total)
     kv_bytes = tokens * 2 * L * kv_heads * head_dim * 2  # K and V, bf16
@@ -50,7 +82,7 @@ def inspect_shards(path: str | Path) -> dict:
                   "ca_max": float(ca_d[layer].max()), "ca_std": float(ca_d[layer].std())} for layer in range(L)]
     return {
         "path": str(path), "files": len(files), "documents": docs, "tokens": tokens,
-        "tokens_min": min(lengths) if lengths else 0, "tokens_max": max(lengths) if lengths else 0,
+        "tokens_min": min(lows) if lows else 0, "tokens_max": max(highs) if highs else 0,
         "tokens_mean": tokens / docs if docs else 0.0,
         "tile_size": T, "alpha": meta["sift.alpha"], "beta": meta["sift.beta"], "gamma": meta["sift.gamma"],
         "model": meta["sift.model"], "n_layers": L, "n_heads": H, "n_kv_heads": kv_heads, "head_dim": head_dim,
@@ -66,7 +98,10 @@ def inspect_shards(path: str | Path) -> dict:
 
 
 def tile_map(path: str | Path, doc_id: str, layer: int, head: int) -> dict:
-    """One document's LA tiles [P, P] and CA pages [P] at (layer, head)."""
+    """One document's LA tiles [P, P] and CA pages [P] at (layer, head): a point read where the set has a serving
+    store, else a scan of its part files."""
+    if (Path(path) / STORE_DIR / SET_FILE).is_file():
+        return _tile_map_from_store(Path(path), doc_id, layer, head)
     for p in shard_paths(Path(path)):
         f = ShardFile.open(p)
         t = f.read(["doc_id", "n_tokens", "la_bits", "ca_bits"])
@@ -75,17 +110,30 @@ def tile_map(path: str | Path, doc_id: str, layer: int, head: int) -> dict:
             continue
         row = ids.index(doc_id)
         L, H, T = int(f.meta["sift.n_layers"]), int(f.meta["sift.n_heads"]), int(f.meta["sift.tile_size"])
-        if not (0 <= layer < L and 0 <= head < H):
-            raise SiftError(f"--layer {layer} --head {head}: the model has {L} layers and {H} heads")
-        n = t.column("n_tokens")[row].as_py()
-        P = n_pages(n, T)
-        lb, cb = la_nbytes(P), ca_nbytes(P)
-        k = layer * H + head
-        la = t.column("la_bits")[row].as_py()[k * lb:(k + 1) * lb]
-        ca = t.column("ca_bits")[row].as_py()[k * cb:(k + 1) * cb]
-        return {"doc_id": doc_id, "layer": layer, "head": head, "n_tokens": n, "pages": P, "tile_size": T,
-                "la": unpack_la(la, P).astype(int).tolist(), "ca": unpack_ca(ca, P).astype(int).tolist()}
+        return _map_of(doc_id, layer, head, L, H, T, t.column("n_tokens")[row].as_py(),
+                       t.column("la_bits")[row].as_py(), t.column("ca_bits")[row].as_py())
     raise SiftError(f"doc_id {doc_id!r} not found in {path}")
+
+
+def _tile_map_from_store(directory: Path, doc_id: str, layer: int, head: int) -> dict:
+    store = BitStore(directory)
+    rec = store.record(doc_id)
+    if rec is None:
+        raise SiftError(f"doc_id {doc_id!r} not found in {directory}")
+    L, H, T = int(store.meta["sift.n_layers"]), int(store.meta["sift.n_heads"]), store.tile
+    return _map_of(doc_id, layer, head, L, H, T, len(rec.tokens) // 4, rec.la_bits, rec.ca_bits)
+
+
+def _map_of(doc_id: str, layer: int, head: int, L: int, H: int, T: int, n: int, la_bits: bytes, ca_bits: bytes
+            ) -> dict:
+    if not (0 <= layer < L and 0 <= head < H):
+        raise SiftError(f"--layer {layer} --head {head}: the model has {L} layers and {H} heads")
+    P = n_pages(n, T)
+    lb, cb = la_nbytes(P), ca_nbytes(P)
+    k = layer * H + head
+    return {"doc_id": doc_id, "layer": layer, "head": head, "n_tokens": n, "pages": P, "tile_size": T,
+            "la": unpack_la(la_bits[k * lb:(k + 1) * lb], P).astype(int).tolist(),
+            "ca": unpack_ca(ca_bits[k * cb:(k + 1) * cb], P).astype(int).tolist()}
 
 
 def draw_tile_map(tm: dict, max_pages: int = 96) -> str:

@@ -16,18 +16,14 @@ from .layout import SUFFIX, BucketView, StoreDamage, bucket_file_name, part_fing
 from .writer import store_dir, write_bucket, write_set_header
 
 
-def part_rows(part: Path) -> tuple[list[dict], dict]:
-    """A part file's rows (doc_id, tokens as int32 bytes, la_bits, ca_bits) and metadata, read column-wise."""
-    shard = ShardFile.open(part)
-    table = shard.read(["doc_id", "tokens", "la_bits", "ca_bits"])
+def part_rows_from_table(table) -> tuple[list[str], list[bytes], list[bytes], list[bytes]]:
+    """(doc ids, tokens as int32 bytes, la_bits, ca_bits) of a part file's table, read column-wise."""
     ids = table.column("doc_id").to_pylist()
     tokens = table.column("tokens").combine_chunks()
     values = tokens.values.to_numpy(zero_copy_only=False).astype("<i4", copy=False)
     offs = tokens.offsets.to_numpy()
-    la, ca = table.column("la_bits").to_pylist(), table.column("ca_bits").to_pylist()
-    rows = [{"doc_id": d, "tokens": values[offs[i]: offs[i + 1]].tobytes(), "la_bits": la[i], "ca_bits": ca[i]}
-            for i, d in enumerate(ids)]
-    return rows, shard.meta
+    toks = [values[offs[i]: offs[i + 1]].tobytes() for i in range(len(ids))]
+    return ids, toks, table.column("la_bits").to_pylist(), table.column("ca_bits").to_pylist()
 
 
 def bucket_state(part: Path, digest: str | None = None, verify: bool = False) -> str | None:
@@ -63,8 +59,10 @@ def bucket_state(part: Path, digest: str | None = None, verify: bool = False) ->
 
 
 def _index_one(part: str) -> str:
-    rows, meta = part_rows(Path(part))
-    write_bucket(Path(part), rows, meta)
+    shard = ShardFile.open(Path(part))
+    ids, tokens, la, ca = part_rows_from_table(shard.read(["doc_id", "tokens", "la_bits", "ca_bits"]))
+    rows = [{"doc_id": d, "tokens": t, "la_bits": a, "ca_bits": c} for d, t, a, c in zip(ids, tokens, la, ca)]
+    write_bucket(Path(part), rows, shard.meta)
     return part
 
 

@@ -41,16 +41,20 @@ def read_set_header(path: Path) -> dict | None:
         return None
 
 
+def bucket_meta(part: Path, meta: dict, digest: str) -> dict:
+    """What a bucket file records besides its documents: its bucket, the set's digest, the fingerprint of the part
+    file it is built from (already in place) and the documents skipped at profile time, with their reasons."""
+    skipped = meta.get("sift.skip_reasons") or {d: "skipped at profile time" for d in meta.get("sift.skipped") or []}
+    return {"shard_index": int(meta["sift.shard_index"]), "set_digest": digest,
+            "part": {"name": part.name, **part_fingerprint(part)}, "skipped": dict(sorted(skipped.items()))}
+
+
 def write_bucket(part: Path, rows: list[dict], meta: dict) -> Path:
     """The bucket file of part file `part` (already in place), from the rows and metadata it was written with;
     atomic. rows: dicts with doc_id, tokens, la_bits, ca_bits."""
     header = write_set_header(part.parent, meta)
-    shard = int(meta["sift.shard_index"])
-    skipped = meta.get("sift.skip_reasons") or {d: "skipped at profile time" for d in meta.get("sift.skipped") or []}
-    bucket_meta = {"shard_index": shard, "set_digest": header["digest"], "part": {"name": part.name,
-                   **part_fingerprint(part)}, "skipped": dict(sorted(skipped.items()))}
     data = encode_bucket([r["doc_id"] for r in rows], [r["tokens"] for r in rows], [r["la_bits"] for r in rows],
-                         [r["ca_bits"] for r in rows], bucket_meta)
-    path = store_dir(part.parent) / bucket_file_name(shard)
+                         [r["ca_bits"] for r in rows], bucket_meta(part, meta, header["digest"]))
+    path = store_dir(part.parent) / bucket_file_name(int(meta["sift.shard_index"]))
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
     return path

@@ -32,7 +32,7 @@ def test_every_command_refuses_a_mixed_directory(mixed, tmp_path, tiny_ckpt, cap
         code, _, err = run(capsys, *args)
         assert_one_line_error(code, err, "tile_size differs", "keep one shard set per directory")
     code, stdout, _ = run(capsys, "validate", d, "--json")
-    assert code == 1 and any("sift.tile_size differs" in p for p in json.loads(stdout)["problems"])
+    assert code == 1 and any("sift.tile_size differs" in p["message"] for p in json.loads(stdout)["problems"])
 
     q = tmp_path / "q.txt"
     q.write_text("What jumps?")

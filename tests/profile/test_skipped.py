@@ -56,7 +56,8 @@ def test_skipped_documents_are_recorded_with_their_reason(tmp_path, tiny_lm, mes
     assert (listing["profiled"], listing["skipped"]) == (13, 3)
     by_id = {r["doc_id"]: r for r in listing["documents"]}
     assert by_id["huge"]["status"] == "skipped" and by_id["doc03"]["status"] == "profiled"
-    assert [r["status"] for r in id_status(listing, ["doc01", "huge", "nope"])] == ["profiled", "skipped", "absent"]
+    assert [r["status"] for r in id_status(out, ["doc01", "huge", "nope"])] == ["profiled", "skipped", "absent"]
+    assert id_status(out, ["doc01"]) == [by_id["doc01"]]  # a point read through the store: the listing's entry
 
     shards = ShardSet(out)
     with pytest.raises(SiftError, match=r"'huge' was skipped when .* profiled: longer than the model's context .* — "):
@@ -74,8 +75,10 @@ def test_ids_command_and_prefill_say_why(tmp_path, tiny_ckpt, messy_corpus, caps
     rows = dict(line.split("\t", 1) for line in stdout.strip().splitlines())
     assert rows["huge"].startswith("skipped\tlonger than the model's context")
     assert rows["doc00"].startswith("profiled\tpart-")
-    code, stdout, _ = run(capsys, "ids", out, "--json")
-    assert code == 0 and json.loads(stdout)["skipped"] == 3
+    code, stdout, _ = run(capsys, "ids", out, "--json")  # JSON Lines, one document a line, in doc_id order
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert code == 0 and [x["doc_id"] for x in lines] == sorted(rows)
+    assert sum(x["status"] == "skipped" for x in lines) == 3
 
     (tmp_path / "ids.txt").write_text("doc01\nhuge\n")
     (tmp_path / "q.txt").write_text("What jumps?")

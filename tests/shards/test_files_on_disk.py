@@ -61,15 +61,18 @@ def test_validate_checks_the_manifest_record_and_stray_files(shard_dir):
     assert validate_path(shard_dir)["ok"]
     (shard_dir / "notes.parquet").write_bytes((shard_dir / part_name(0)).read_bytes())
     problems = validate_path(shard_dir)["problems"]
-    assert len(problems) == 1 and problems[0].startswith("notes.parquet: not a file of this shard set")
+    assert len(problems) == 1 and problems[0]["message"].startswith("notes.parquet: not a file of this shard set")
+    assert problems[0]["code"] == "foreign-file" and problems[0]["file"] == "notes.parquet"
     (shard_dir / "notes.parquet").unlink()
     (shard_dir / "part-00007.parquet").write_bytes(b"")  # a shard index the set does not have
-    assert any(p.startswith("part-00007.parquet: not a file of this shard set") for p in
+    assert any(p["message"].startswith("part-00007.parquet: not a file of this shard set") for p in
                validate_path(shard_dir)["problems"])
     (shard_dir / "part-00007.parquet").unlink()
 
     p = shard_dir / part_name(1)
     table = pq.read_table(p)
     pq.write_table(table, p, compression="none")  # same rows and metadata, another byte count
-    problems = validate_path(shard_dir)["problems"]
-    assert len(problems) == 1 and f"records {part_name(1)} as" in problems[0] and "--finalize" in problems[0]
+    problems = validate_path(shard_dir)["problems"]  # the manifest's record, and the store's copy of the bucket
+    assert [p["code"] for p in problems] == ["store-stale", "manifest-files"]
+    assert f"records {part_name(1)} as" in problems[1]["message"] and "--finalize" in problems[1]["message"]
+    assert "changed after it was built" in problems[0]["message"] and "sift index" in problems[0]["message"]

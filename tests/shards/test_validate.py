@@ -43,7 +43,7 @@ def test_clean_set_validates(shard_dir):
 def test_damaged_rows_are_reported(shard_dir, damage, message):
     rewrite(shard_dir / part_name(0), damage)
     r = validate_path(shard_dir)
-    assert not r["ok"] and any(message in p for p in r["problems"]), r["problems"]
+    assert not r["ok"] and any(message in p["message"] for p in r["problems"]), r["problems"]
 
 
 def test_diagonal_and_padding_bits_are_checked(shard_dir):
@@ -52,7 +52,7 @@ def test_diagonal_and_padding_bits_are_checked(shard_dir):
         return set_cell(t, "la_bits", 0, b"\x00" + la[1:])
 
     rewrite(shard_dir / part_name(0), clear_first_byte)
-    assert any("diagonal" in p for p in validate_path(shard_dir)["problems"])
+    assert any("diagonal" in p["message"] for p in validate_path(shard_dir)["problems"])
 
 
 def test_duplicates_mixed_metadata_and_manifest(shard_dir):
@@ -60,22 +60,22 @@ def test_duplicates_mixed_metadata_and_manifest(shard_dir):
     rewrite(b, lambda t: pa.concat_tables([t, pq.read_table(a).slice(0, 1).replace_schema_metadata(t.schema.metadata)])
             .sort_by("doc_id"))
     problems = validate_path(shard_dir)["problems"]
-    assert any("duplicate doc_id" in p for p in problems)
-    assert any("manifest" in p for p in problems)
+    assert any("duplicate doc_id" in p["message"] for p in problems)
+    assert any("manifest" in p["message"] for p in problems)
     rewrite(b, change_meta=lambda m: m.update({"sift.tile_size": 32}))
-    assert any("sift.tile_size differs" in p for p in validate_path(shard_dir)["problems"])
+    assert any("sift.tile_size differs" in p["message"] for p in validate_path(shard_dir)["problems"])
 
 
 def test_truncated_and_missing_files(shard_dir):
     p = shard_dir / part_name(1)
     p.write_bytes(p.read_bytes()[:100])
     problems = validate_path(shard_dir)["problems"]
-    assert any("not a readable Parquet" in q for q in problems)
+    assert any("not a readable Parquet" in q["message"] for q in problems)
     p.unlink()
     problems = validate_path(shard_dir)["problems"]
-    assert any("1 of 2 shards missing" in q for q in problems)
+    assert any("1 of 2 shards missing" in q["message"] for q in problems)
     (shard_dir / MANIFEST).unlink()
-    assert any("manifest.parquet missing" in q for q in validate_path(shard_dir)["problems"])
+    assert any("manifest.parquet missing" in q["message"] for q in validate_path(shard_dir)["problems"])
 
 
 def test_manifest_lookup_and_rebuild(shard_dir):
@@ -88,3 +88,11 @@ def test_manifest_lookup_and_rebuild(shard_dir):
         ShardSet(shard_dir)
     write_manifest(shard_dir)
     assert validate_path(shard_dir)["ok"]
+
+
+def test_problems_carry_a_code_the_file_the_document_and_the_row(shard_dir):
+    rewrite(shard_dir / part_name(0), lambda t: set_cell(t, "token_sha256", 1, "0" * 64))
+    bad = [p for p in validate_path(shard_dir)["problems"] if p["code"] == "token-hash"]
+    doc = pq.read_table(shard_dir / part_name(0)).column("doc_id")[1].as_py()
+    assert bad == [{"code": "token-hash", "file": part_name(0), "doc_id": doc, "row": 1,
+                    "message": f"{part_name(0)} row 1 ({doc!r}): token_sha256 does not match the token ids"}]

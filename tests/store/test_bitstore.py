@@ -221,3 +221,25 @@ def test_concurrent_adders_keep_the_store_whole(tmp_path, tiny_ckpt, tiny_lm, sm
     assert_same(BitStore(out), rows, sorted(rows))
     assert all(bucket_state(p) is None for p in list_parts(out))
     assert json.loads((out / STORE_DIR / "set.json").read_text())["num_shards"] == 3
+
+
+def test_validate_compares_the_store_with_the_parts(big_set, tmp_path):
+    import shutil
+
+    from sift_cli.shards.validate import validate_path
+
+    copy = tmp_path / "set"
+    shutil.copytree(big_set, copy)
+    assert validate_path(copy, workers=2)["ok"]
+    path = copy / STORE_DIR / bucket_file_name(1)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x10  # a record's byte: the header and table still check out
+    path.write_bytes(data)
+    (copy / STORE_DIR / bucket_file_name(9)).write_bytes(b"stray")
+    problems = validate_path(copy, workers=1)["problems"]
+    assert [p["code"] for p in problems] == ["store-content", "store-foreign"]
+    assert problems[0]["file"] == f"{STORE_DIR}/{bucket_file_name(1)}" and "sift index" in problems[0]["message"]
+    index_set(copy, rebuild=True)
+    assert validate_path(copy)["ok"]
+    (copy / STORE_DIR / bucket_file_name(0)).unlink()
+    assert [p["code"] for p in validate_path(copy)["problems"]] == ["store-missing"]
