@@ -1,4 +1,4 @@
-"""`sift bench kernels | profile | prefill`: speed measured side by side in one run (the lab's `bench`)."""
+"""`sift bench kernels | profile | prefill | store`: speed measured side by side in one run (the lab's `bench`)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,11 @@ def bench_prefill(
                                                            "and/or 64 (comma-separated: one SIFT row per size)"),
     unprofiled: int = typer.Option(0, "--unprofiled", help="documents per 8B-shaped prompt left without bits "
                                                            "(computed densely), evenly spread"),
+    corpus_docs: int = typer.Option(0, "--corpus-docs", help="draw the 8B-shaped prompts' documents from a shard "
+                                                              "set of this many documents, SIFT's bits looked up in "
+                                                              "its serving store inside each timed prefill"),
+    corpus_dir: Optional[Path] = typer.Option(None, "--corpus-dir", help="where that set is built, or reused from "
+                                                                         "(default: a temporary folder, removed)"),
     save: Optional[Path] = typer.Option(None, "--save"),
     plot: Optional[Path] = PlotOpt,
     as_json: bool = JsonOpt,
@@ -102,16 +107,55 @@ def bench_prefill(
                  _doc_tokens(doc_tokens), tuple(m.strip() for m in modes.split(",")),
                  tuple(b.strip() for b in backends.split(",")), repeat, warmup, energy, ratio, ssd_gbps, data_dir,
                  model, cpu_smoke, log=log, cuda_graphs=cuda_graphs, query_blocks=query_blocks,
-                 unprofiled=unprofiled, block_ms=_block_ms(block_m))
+                 unprofiled=unprofiled, block_ms=_block_ms(block_m), corpus_docs=corpus_docs, corpus_dir=corpus_dir)
     finish(result, save, plot, "plot_bench", as_json, lambda res: render_bench(res["rows"], res["cpu_smoke"]),
            plot_of=lambda res: res["rows"])
+
+
+@bench_app.command("store")
+def bench_store(
+    sizes: str = typer.Option("10000,100000,1000000", "--sizes", help="documents per set, comma-separated"),
+    shape: str = typer.Option("smollm2", "--shape", help="the bits' model shape: smollm2 or llama8b"),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="where the sets are built and kept for the next "
+                                                                     "run (default: a temporary folder, removed)"),
+    docs_per_shard: int = typer.Option(1000, "--docs-per-shard"),
+    doc_tokens: str = typer.Option("100-1500", "--doc-tokens", help="LO-HI: each document's length is drawn"),
+    ids: int = typer.Option(20, "--ids", help="random ids per request"),
+    requests: int = typer.Option(200, "--requests", help="warm requests timed (after as many untimed)"),
+    cold: int = typer.Option(10, "--cold", help="requests timed each after dropping the set from the page cache"),
+    workers: int = typer.Option(2, "--workers", help="processes writing a set"),
+    scans: bool = typer.Option(True, "--scans/--no-scans", help="also time validate, inspect, ids --json and "
+                                                                 "status --finalize"),
+    save: Optional[Path] = typer.Option(None, "--save"),
+    as_json: bool = JsonOpt,
+):
+    """Fetching a prompt's bits from sets of 10^4-10^6 documents: the serving store beside the Parquet reader (open,
+    a new process's first request, warm and cold p50/p99, bytes read, memory), and the full scans at that scale.
+    Each measurement runs in a process of its own."""
+    from ..lab.bench.store import render, run_store_bench
+
+    log = (lambda *a: None) if as_json else (lambda msg: err.print(escape(str(msg))))
+    try:
+        lo, hi = (int(x) for x in doc_tokens.split("-"))
+        counts = tuple(int(x) for x in sizes.split(",") if x.strip())
+    except ValueError:
+        raise SiftError(f"--sizes {sizes!r} / --doc-tokens {doc_tokens!r}: expected numbers like 10000,100000 and "
+                        f"100-1500") from None
+    result = run_store_bench(counts, shape, work_dir, docs_per_shard, (lo, hi), ids, requests, cold, workers=workers,
+                             scans=scans, log=log)
+
+    def show(res):
+        for table in render(res):
+            out.print(table)
+
+    finish(result, save, None, None, as_json, show)
 
 
 def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
     if cpu_smoke:
         out.print("[yellow]CPU smoke run: the code paths work; the timings mean nothing[/]")
     t = Table(show_edge=False)
-    for c in ("model", "bits", "tokens", "mode", "TTFT ms", "attention", "proj+MLP", "decode", "transfer",
+    for c in ("model", "bits", "tokens", "mode", "TTFT ms", "attention", "proj+MLP", "lookup", "decode", "transfer",
               "density", "cells/allowed", "×full", "TTFT/ideal", "J", "tok/J", "EDP", "ED²P"):
         t.add_column(c, justify="right")
     for r in rows:
@@ -121,7 +165,7 @@ def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
             continue
         t.add_row(escape(r["model"][:24]), escape(r["pattern"][:28]), f"{r['tokens']:,}", r["mode"],
                   f"{r['ttft_ms']:.1f}", fmt(r.get("attention_ms"), 1), fmt(r.get("other_ms"), 1),
-                  fmt(r.get("decode_ms"), 2), fmt(r.get("transfer_ms"), 2), fmt(r.get("cell_density"), 3),
+                  fmt(r.get("lookup_ms"), 3), fmt(r.get("decode_ms"), 2), fmt(r.get("transfer_ms"), 2), fmt(r.get("cell_density"), 3),
                   fmt(r.get("cells_over_allowed"), 3), fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3), fmt(r.get("energy_j"), 2),
                   fmt(r.get("tokens_per_j"), 0), fmt(r.get("edp"), 3), fmt(r.get("ed2p"), 3))
     out.print(t)

@@ -33,7 +33,8 @@ from ...errors import SiftError, error_line
 from ...models import load_model
 from .host_kv import HostKV
 from .prefill_case_run import CaseRun
-from .prefill_cases import CPU_SMOKE_LLAMA, Case, essay_token_docs, llama_cases, real_profiles, smol_cases
+from .prefill_cases import (CPU_SMOKE_LLAMA, Case, corpus_cases, essay_token_docs, llama3_8b_shaped, llama_cases,
+                            real_profiles, smol_cases)
 
 LENGTHS = (8192, 16384, 32768, 65536)
 
@@ -125,10 +126,12 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
               repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15, ssd_gbps: float = 3.8,
               data=None, smol_model: str | None = None, cpu_smoke: bool = False, deadline: float | None = None,
               log=print, on_rows=None, cuda_graphs: bool = False, query_blocks: str = "auto",
-              unprofiled: int = 0, block_ms=(None,)) -> list[dict]:
+              unprofiled: int = 0, block_ms=(None,), corpus_docs: int = 0, corpus_dir=None) -> list[dict]:
     """Every (model, length) case; rows of `run_case`. models: 'llama3-8b' (the 8B-shaped model with `pattern`
     bits) and/or 'smollm2' (real profiles; `smol_model` is a --model spec, default the bundled GGUF). unprofiled:
-    documents per 8B-shaped prompt without bits (dense)."""
+    documents per 8B-shaped prompt without bits (dense). corpus_docs: the 8B-shaped prompts' documents and bits come
+    from a shard set of that many documents (built in `corpus_dir`, or reused from there), SIFT's bits looked up in
+    its serving store inside each timed prefill."""
     device = require_gpu(cpu_smoke)
     rows: list[dict] = []
     case_kw = dict(modes=modes, backends=backends, repeat=repeat, warmup=warmup, energy=energy, ratio=ratio,
@@ -165,8 +168,11 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
                                         case.lm.dtype, pin=device.type == "cuda")
                 return held.get("kv")
 
-            cases = llama_cases(lengths, pattern, doc_tokens, 64, sources, str(device),
-                                CPU_SMOKE_LLAMA if cpu_smoke else None, unprofiled=unprofiled)
+            if corpus_docs:
+                cases = corpus_cases(lengths, *_corpus_set(corpus_docs, corpus_dir, device, cpu_smoke, log))
+            else:
+                cases = llama_cases(lengths, pattern, doc_tokens, 64, sources, str(device),
+                                    CPU_SMOKE_LLAMA if cpu_smoke else None, unprofiled=unprofiled)
             _run_cases(cases, emit, out_of_time, log, host_kv_for, device.type == "cuda", **case_kw)
             del cases, held
             gc.collect()
@@ -179,19 +185,52 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
     return rows
 
 
+def _corpus_set(n_docs: int, corpus_dir, device, cpu_smoke: bool, log) -> tuple:
+    """(the set's directory, the 8B-shaped model) for corpus cases: a synthetic set of the model's shape with
+    `n_docs` documents of 100–1,500 tokens in `corpus_dir` (built once, with every CPU)."""
+    import os
+    from pathlib import Path
+
+    from .store_sets import SetShape, build_synthetic_set
+
+    lm = llama3_8b_shaped(str(device), torch.bfloat16 if device.type == "cuda" else torch.float32,
+                          CPU_SMOKE_LLAMA if cpu_smoke else None)
+    cfg = lm.model.config
+    shape = SetShape(f"{lm.name} (synthetic bits)", lm.n_layers, lm.n_heads, cfg.num_key_value_heads, lm.head_dim,
+                     64, cfg.vocab_size, lm.max_context)
+    d = Path(corpus_dir) / f"corpus-{lm.n_layers}x{lm.n_heads}-{n_docs}"
+    if not (d / "store" / "set.json").is_file():
+        log(f"building a {n_docs:,}-document set of the model's shape in {d}")
+        build_synthetic_set(d, n_docs, shape, workers=os.cpu_count() or 1)
+    return d, lm
+
+
 def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                   doc_tokens: int | tuple[int, int] = (300, 3000), modes=("full", "sift", "cacheblend"),
                   backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
                   ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
                   log=print, cuda_graphs: bool = False, query_blocks: str = "auto", unprofiled: int = 0,
-                  block_ms=(None,)) -> dict:
+                  block_ms=(None,), corpus_docs: int = 0, corpus_dir=None) -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
-    pass (lengths capped at 512, at most two; 128-token documents)."""
+    pass (lengths capped at 512, at most two; 128-token documents). corpus_docs: see `run_bench`; without a
+    `corpus_dir` the set is built in a temporary folder, removed at the end."""
     require_gpu(cpu_smoke)
     if cpu_smoke:
         lengths = [min(x, 512) for x in lengths][:2]
         doc_tokens = 128
+    if corpus_docs and corpus_dir is None:  # a set of our own, removed afterwards
+        import shutil
+        import tempfile
+
+        corpus_dir = tempfile.mkdtemp(prefix="sift-bench-corpus-")
+        try:
+            return bench_prefill(models, lengths, pattern, doc_tokens, modes, backends, repeat, warmup, energy, ratio,
+                                 ssd_gbps, data, smol_model, cpu_smoke, log, cuda_graphs, query_blocks, unprofiled,
+                                 block_ms, corpus_docs, corpus_dir)
+        finally:
+            shutil.rmtree(corpus_dir, ignore_errors=True)
     rows = run_bench(models, lengths, pattern, doc_tokens, tuple(modes), tuple(backends), repeat, warmup, energy,
                      ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log, cuda_graphs=cuda_graphs,
-                     query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms)
+                     query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms, corpus_docs=corpus_docs,
+                     corpus_dir=corpus_dir)
     return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke}

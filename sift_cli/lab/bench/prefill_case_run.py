@@ -139,7 +139,7 @@ class CaseRun:
         opts = for_prompt(PrefillOptions(block_m=block_m, block_n=self.block_n, query_blocks=self.query_blocks),
                           backend, lm.head_dim, prompt.bits)
         if self.cuda_graphs:
-            ttft, runs_ms, transfer, decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
+            ttft, runs_ms, (lookup, transfer), decode, fwd, block_lists, capture_ms, run = self._sift_graphed(
                 prompt, backend, opts, decoder)
         else:
             def run():
@@ -154,6 +154,7 @@ class CaseRun:
             med = statistics.median
             ttft, runs_ms = med(r.ttft_ms for r in runs), [r.ttft_ms for r in runs]
             transfer, decode = med(r.transfer_ms for r in runs), med(r.prepare_ms for r in runs)
+            lookup = med(r.lookup_ms for r in runs)
             fwd, block_lists, capture_ms = med(r.forward_ms for r in runs), runs[-1].plan.block_lists, None
             del runs
         counted = [computed_cells(b) for b in block_lists]  # each layer's computed cells, counted once
@@ -161,7 +162,8 @@ class CaseRun:
         ideal = self.full - (1 - cells) * self.attn_full
         mode = f"sift-{backend.name}{label}"
         row = {**self.base, "mode": mode, "ttft_ms": ttft, "runs_ms": runs_ms,
-               "transfer_ms": transfer, "decode_ms": decode, "forward_ms": fwd,
+               "lookup_ms": lookup if prompt.source is not None else None, "transfer_ms": transfer,
+               "decode_ms": decode, "forward_ms": fwd,
                "attention_ms": None if fwd is None else max(0.0, fwd - self.rest), "other_ms": self.rest,
                "cell_density": cells, "block_density": blocks,
                "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
@@ -180,13 +182,14 @@ class CaseRun:
 
     def _sift_graphed(self, prompt, backend, opts, decoder):
         """SIFT captured once (the copy of the ids and bits, decode and forward), then replayed; each replay's time
-        includes staging them into pinned memory, which `transfer` reports alone."""
+        includes looking the bits up (corpus cases) and staging them into pinned memory, which `lookup` and
+        `transfer` report alone."""
         lm, dev = self.case.lm, self.dev
         graph = graphed_sparse_prefill(lm, prompt, backend, self.ids, opts, decoder, self.repeat)
         runs_ms = timed(graph.replay, dev, self.repeat, self.warmup)
         block_lists = graph.plan.block_lists
-        return (statistics.median(runs_ms), runs_ms, graph.transfer_ms, None, None, block_lists, graph.capture_ms,
-                graph.replay)
+        return (statistics.median(runs_ms), runs_ms, (graph.lookup_ms, graph.transfer_ms), None, None, block_lists,
+                graph.capture_ms, graph.replay)
 
     def cacheblend(self, host_kv: HostKV | None) -> None:
         """`cacheblend`: reused KV streamed per layer; compute-only and SSD-modelled times beside it."""

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from ...errors import SiftError
 from ...layout import PromptBits, PromptLayout, random_prompt_bits
 from ...models import LoadedModel
 from ...prefill.assemble import Prompt, build_prompt
+from ...prefill.lookup import BitsSource
 from ...profile.forward import profile_batch
 from ...tokens import prefix_token_ids, suffix_token_ids, tokenize_documents
 from ..datasets import data_dir, essay_records
@@ -41,10 +43,11 @@ class Case:
     pattern: str  # how the bits were made
     input_ids: list[int]
     bits: PromptBits
+    source: BitsSource | None = None  # the set SIFT fetches the bits from inside its timing (corpus cases)
 
     def prompt(self) -> Prompt:
         lay = self.bits.layout
-        return Prompt(self.input_ids, lay, self.bits, [d.doc_id for d in lay.docs], "bench")
+        return Prompt(self.input_ids, lay, self.bits, [d.doc_id for d in lay.docs], "bench", source=self.source)
 
 
 # ---- models ----------------------------------------------------------------------------------------------------
@@ -170,6 +173,41 @@ def llama_cases(lengths, pattern: str = "paper", doc_tokens: int | tuple[int, in
         label += f", documents of {describe_doc_tokens(doc_tokens)} tokens, {prefix_len}-token prefix"
         ids = torch.randint(0, lm.config.vocab_size, (L,), generator=g).tolist()
         yield Case(lm, lm.name, label, ids, bits)
+
+
+def corpus_cases(lengths, corpus_dir, lm, seed: int = 0, suffix_len: int = 32):
+    """Yield a Case for the 8B-shaped model at each length whose documents are random documents of the shard set in
+    `corpus_dir` (an 8B-shaped set: `store_sets.build_synthetic_set(..., "llama8b")`), their tokens and bits read
+    from its serving store; SIFT's timed prefill looks the bits up again there (the lookup inside its TTFT)."""
+    import pyarrow.parquet as pq
+
+    from ...shards.format import MANIFEST
+    from ...store.bitstore import BitStore
+
+    store = BitStore(corpus_dir)
+    if (int(store.meta["sift.n_layers"]), int(store.meta["sift.n_heads"])) != (lm.n_layers, lm.n_heads):
+        raise SiftError(f"{corpus_dir}: bits of {store.meta['sift.n_layers']} layers × {store.meta['sift.n_heads']} "
+                        f"heads, the model has {lm.n_layers} × {lm.n_heads}")
+    manifest = pq.read_table(Path(corpus_dir) / MANIFEST, columns=["doc_id", "n_tokens"])
+    ids, sizes = manifest.column("doc_id").to_pylist(), manifest.column("n_tokens").to_numpy()
+    rng = np.random.default_rng(seed)
+    prefix = store.prefix_token_ids
+    for L in lengths:
+        body, chosen = L - len(prefix) - suffix_len, []
+        for i in rng.permutation(len(ids)):
+            if sizes[i] <= body:
+                chosen.append(ids[i])
+                body -= int(sizes[i])
+            if body < sizes.min():
+                break
+        recs = store.get(chosen)
+        suffix = rng.integers(0, lm.config.vocab_size, suffix_len).tolist()
+        p = build_prompt(lm, prefix, chosen, [r.tokens for r in recs], [r.la_bits for r in recs],
+                         [r.ca_bits for r in recs], store.tile, "bench", allow_long=True, suffix_ids=suffix)
+        source = BitsSource(p.layout, (store,) * len(chosen), store.tile, lm.n_layers, lm.n_heads)
+        label = (f"bits of {len(chosen)} random documents of a {len(ids):,}-document set "
+                 f"({store.meta['sift.model']['name']}), looked up in its serving store inside SIFT's TTFT")
+        yield Case(lm, lm.name, label, p.input_ids, p.bits, source)
 
 
 def essay_token_docs(lm, data, doc_tokens: int, n: int) -> list[list[int]]:

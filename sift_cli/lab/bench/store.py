@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from ...errors import SiftError
 from ...store.layout import SET_FILE, STORE_DIR
 from .store_sets import SHAPES, build_synthetic_set
 
@@ -76,7 +77,7 @@ def run_store_bench(sizes=(10_000, 100_000), shape: str = "smollm2", work_dir: s
     """Rows for each set size: the set (built or reused), the store's and the Parquet reader's lookups, the scans.
     A `work_dir` given is kept (its sets reused next time); without one, a temporary folder is removed at the end."""
     if shape not in SHAPES:
-        raise ValueError(f"shape {shape!r}: expected one of {', '.join(SHAPES)}")
+        raise SiftError(f"--shape {shape}: expected one of {', '.join(SHAPES)}")
     own = work_dir is None
     root = Path(tempfile.mkdtemp(prefix="sift-bench-store-")) if own else Path(work_dir)
     rows = []
