@@ -21,15 +21,24 @@ from pathlib import Path
 from ..errors import SiftError
 from ..shards.names import doc_key, part_name
 from ..shards.record import DocRecord
-from .layout import SET_FILE, STORE_DIR, VERSION, BucketView, Record, StoreDamage, bucket_file_name, part_fingerprint
+from .layout import (HEADER, MAGIC, SET_FILE, STORE_DIR, VERSION, BucketView, Record, StoreDamage, bucket_file_name,
+                     part_fingerprint, table_end)
 
 _SPARE_FDS = 256  # file descriptors left to the rest of the process
 
 
-@dataclass
 class _Bucket:
-    view: BucketView | None  # None: the set has no part file for this bucket (an unfinished set)
-    identity: tuple | None  # (inode, size, mtime) of the bucket file when mapped
+    """One bucket file held open: its table mapped (binary search in place), its records read with `pread`, so the
+    process maps no record pages (its resident memory does not grow with the documents it has read). The file is
+    closed when the last reference goes (an evicted bucket stays usable by a lookup in flight)."""
+
+    def __init__(self, view: BucketView | None, fd: int | None = None, identity: tuple | None = None):
+        self.view, self.fd, self.identity = view, fd, identity  # view None: no part file for this bucket yet
+
+    def __del__(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 @dataclass
@@ -93,14 +102,10 @@ class BitStore:
         shard = key % self.num_shards
         bucket = self._bucket(shard)
         try:
-            i, read = (None, 0) if bucket.view is None else bucket.view.find(doc_id, key)
-            if i is None and self._replaced(shard, bucket):  # written since it was mapped: documents were added
+            rec, read = (None, 0) if bucket.view is None else bucket.view.lookup(doc_id, key)
+            if rec is None and self._replaced(shard, bucket):  # written since it was mapped: documents were added
                 bucket = self._bucket(shard, reopen=True)
-                i, more = (None, 0) if bucket.view is None else bucket.view.find(doc_id, key)
-                read += more
-            rec = None
-            if i is not None:
-                rec, more = bucket.view.record(i)
+                rec, more = (None, 0) if bucket.view is None else bucket.view.lookup(doc_id, key)
                 read += more
         except StoreDamage as exc:
             raise self._damaged(exc) from None
@@ -205,18 +210,21 @@ class BitStore:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             if not part.is_file():
-                return _Bucket(None, None), 0  # the set has no such bucket yet: nothing to find
+                return _Bucket(None), 0  # the set has no such bucket yet: nothing to find
             raise SiftError(f"{path}: missing, so {part.name}'s documents cannot be served — build it with "
                             f"`sift index {self.dir}`") from None
+        bucket = _Bucket(None, fd)  # closes fd if anything below fails
+        st = os.fstat(fd)
         try:
-            st = os.fstat(fd)
-            buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
-            if st.st_size and hasattr(buf, "madvise"):  # point reads: no read-around of megabytes per fault
-                buf.madvise(mmap.MADV_RANDOM)
-        finally:
-            os.close(fd)
-        try:
-            view = BucketView(buf, path.name)
+            head = os.pread(fd, HEADER.size, 0)
+            end = table_end(head) if len(head) == HEADER.size else 0
+            if end > st.st_size or len(head) < HEADER.size or head[:8] != MAGIC:
+                table = head  # BucketView says what is wrong with it
+            else:
+                table = mmap.mmap(fd, end, access=mmap.ACCESS_READ)
+                if hasattr(table, "madvise"):  # point reads: no read-around of megabytes per fault
+                    table.madvise(mmap.MADV_RANDOM)
+            view = BucketView(table, path.name, st.st_size, lambda o, n: os.pread(fd, n, o))
         except StoreDamage as exc:
             raise self._damaged(exc) from None
         if view.meta.get("set_digest") != self.digest:
@@ -230,7 +238,8 @@ class BitStore:
         if {k: recorded.get(k) for k in current} != current:
             raise SiftError(f"{path} is stale: {part.name} changed after it was built — rebuild it with "
                             f"`sift index {self.dir}`")
-        return _Bucket(view, (st.st_ino, st.st_size, st.st_mtime_ns)), view.touched + 4096
+        bucket.view, bucket.identity = view, (st.st_ino, st.st_size, st.st_mtime_ns)
+        return bucket, view.touched + 4096
 
     def _replaced(self, shard: int, bucket: _Bucket) -> bool:
         try:
@@ -244,7 +253,7 @@ class BitStore:
         if bucket.view is None:
             return []
         try:
-            return [bucket.view.record(i)[0] for i in range(bucket.view.n)]
+            return list(bucket.view.records())
         except StoreDamage as exc:
             raise self._damaged(exc) from None
 

@@ -51,8 +51,7 @@ def bucket_state(part: Path, digest: str | None = None, verify: bool = False) ->
         return "built for other settings (set digest differs)"
     if verify:
         try:
-            for _ in view.records():
-                pass
+            view.verify()
         except StoreDamage as exc:
             return f"damaged ({exc})"
     return None

@@ -74,14 +74,14 @@ def part_fingerprint(path: Path) -> dict:
     return {"bytes": size, "footer_sha256": hashlib.sha256(footer + tail).hexdigest()}
 
 
-def encode_bucket(doc_ids: list[str], tokens: list, la: list, ca: list, meta: dict) -> bytearray:
+def encode_bucket(doc_ids: list[str], tokens: list, la: list, ca: list, meta: dict) -> bytes:
     """A bucket file's bytes. tokens: each document's token ids as int32 little-endian bytes (or anything
     `np.asarray(..., "<i4")` takes); la, ca: its bit vectors (bytes-like)."""
     ids = [d.encode("utf-8") for d in doc_ids]
     toks = [t if isinstance(t, (bytes, bytearray, memoryview)) else np.asarray(t, dtype="<i4").tobytes()
             for t in tokens]
-    keys = np.array([doc_key(d) for d in doc_ids], dtype=np.uint64)
-    order = sorted(range(len(ids)), key=lambda i: (int(keys[i]), ids[i]))
+    keys = [doc_key(d) for d in doc_ids]
+    order = sorted(range(len(ids)), key=lambda i: (keys[i], ids[i]))
     meta_bytes = json.dumps(meta, sort_keys=True).encode("utf-8")
     n = len(ids)
     meta_off = HEADER.size
@@ -89,31 +89,25 @@ def encode_bucket(doc_ids: list[str], tokens: list, la: list, ca: list, meta: di
     offs_off = keys_off + 8 * n
     pos = offs_off + 8 * (n + 1)
     offsets = np.empty(n + 1, dtype="<u8")
-    sizes = []
+    records: list = []  # the records' pieces, joined once
+    zeros = bytes(8)
     for k, i in enumerate(order):
-        size = RECORD.size + _pad(len(ids[i]), 4) + len(toks[i]) + len(la[i]) + len(ca[i])
+        lengths = struct.pack("<IIII", len(ids[i]), len(toks[i]) // 4, len(la[i]), len(ca[i]))
+        body = (ids[i], zeros[: _pad(len(ids[i]), 4) - len(ids[i])], toks[i], la[i], ca[i])
+        crc = zlib.crc32(lengths)
+        for part in body:
+            crc = zlib.crc32(part, crc)
+        size = RECORD.size + sum(len(part) for part in body)
+        records += (lengths, struct.pack("<II", crc, 0), *body, zeros[: _pad(size, 8) - size])
         offsets[k] = pos
-        sizes.append(size)
         pos += _pad(size, 8)
     offsets[n] = pos
-    buf = bytearray(pos)
-    buf[meta_off: meta_off + len(meta_bytes)] = meta_bytes
-    buf[keys_off: offs_off] = keys[order].astype("<u8").tobytes()
-    buf[offs_off: offs_off + 8 * (n + 1)] = offsets.tobytes()
-    for k, i in enumerate(order):
-        o = int(offsets[k])
-        lengths = struct.pack("<IIII", len(ids[i]), len(toks[i]) // 4, len(la[i]), len(ca[i]))
-        body = o + RECORD.size
-        p = body
-        for part in (ids[i], b"\0" * (_pad(len(ids[i]), 4) - len(ids[i])), toks[i], la[i], ca[i]):
-            buf[p: p + len(part)] = part
-            p += len(part)
-        crc = zlib.crc32(memoryview(buf)[body:p], zlib.crc32(lengths))
-        buf[o: o + RECORD.size] = lengths + struct.pack("<II", crc, 0)
-    table_crc = zlib.crc32(memoryview(buf)[meta_off: offs_off + 8 * (n + 1)])
+    table = (meta_bytes + zeros[: keys_off - meta_off - len(meta_bytes)]
+             + np.array([keys[i] for i in order], dtype="<u8").tobytes() + offsets.tobytes())
+    table_crc = zlib.crc32(table)
     head = HEADER.pack(MAGIC, VERSION, 0, n, meta_off, len(meta_bytes), keys_off, offs_off, table_crc, 0)
-    buf[:HEADER.size] = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
-    return buf
+    head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
+    return b"".join([head, table, *records])
 
 
 @dataclass
@@ -127,74 +121,92 @@ class Record:
         return np.frombuffer(self.tokens, dtype="<i4").tolist()
 
 
+def table_end(header: bytes) -> int:
+    """Where a bucket file's table ends (its records begin), from its first 64 bytes."""
+    n, offs_off = HEADER.unpack_from(header, 0)[3], HEADER.unpack_from(header, 0)[7]
+    return offs_off + 8 * (n + 1)
+
+
 class BucketView:
-    """A bucket file's bytes (an mmap, or bytes) parsed: the header and table checked, records found by id.
+    """A bucket file parsed: the header and table checked (from `table`: at least the file's bytes up to its
+    records, an mmap or bytes), records found by id and read with `read(offset, length)` (default: from `table`,
+    then the whole file), their checksums verified.
 
-    `touched`: the bytes parsing read (header, meta and table, whose checksum covers them); `find` and `record`
-    return the bytes they read besides (the key probes, offsets and record headers, the record)."""
+    `touched`: the bytes parsing read (header, meta and table, whose checksum covers them); `lookup` and `record`
+    return the bytes they read besides (the key probes, then each candidate record whole)."""
 
-    def __init__(self, buf, name: str = "bucket file"):
-        self.buf, self.name = buf, name
-        if len(buf) < HEADER.size:
-            raise StoreDamage(f"{name}: {len(buf)} bytes, shorter than its header")
+    def __init__(self, table, name: str = "bucket file", size: int | None = None, read=None):
+        self.name = name
+        self.size = len(table) if size is None else size
+        self.read = read or (lambda o, n: bytes(table[o: o + n]))
+        if len(table) < HEADER.size:
+            raise StoreDamage(f"{name}: {len(table)} bytes, shorter than its header")
         (magic, version, _, n, meta_off, meta_len, keys_off, offs_off, table_crc,
-         header_crc) = HEADER.unpack_from(buf, 0)
+         header_crc) = HEADER.unpack_from(table, 0)
         if magic != MAGIC:
             raise StoreDamage(f"{name}: not a sift store file")
         if version != VERSION:
             raise StoreDamage(f"{name}: store format version {version}, this sift reads version {VERSION}")
-        if zlib.crc32(memoryview(buf)[: HEADER.size - 4]) != header_crc:
+        if zlib.crc32(memoryview(table)[: HEADER.size - 4]) != header_crc:
             raise StoreDamage(f"{name}: header checksum mismatch")
         end_table = offs_off + 8 * (n + 1)
-        if end_table > len(buf) or meta_off + meta_len > keys_off:
-            raise StoreDamage(f"{name}: sections run past the file's {len(buf)} bytes")
-        if zlib.crc32(memoryview(buf)[meta_off:end_table]) != table_crc:
+        if end_table > min(len(table), self.size) or meta_off + meta_len > keys_off:
+            raise StoreDamage(f"{name}: sections run past the file's {self.size} bytes")
+        if zlib.crc32(memoryview(table)[meta_off:end_table]) != table_crc:
             raise StoreDamage(f"{name}: table checksum mismatch")
         self.n = n
-        self.keys = np.frombuffer(buf, dtype="<u8", count=n, offset=keys_off)
-        self.offsets = np.frombuffer(buf, dtype="<u8", count=n + 1, offset=offs_off)
-        if int(self.offsets[n]) != len(buf):
-            raise StoreDamage(f"{name}: {len(buf)} bytes where its table says {int(self.offsets[n])} (truncated?)")
-        self.meta = json.loads(bytes(buf[meta_off: meta_off + meta_len]))
+        self.keys = np.frombuffer(table, dtype="<u8", count=n, offset=keys_off)
+        self.offsets = np.frombuffer(table, dtype="<u8", count=n + 1, offset=offs_off)
+        if int(self.offsets[n]) != self.size:
+            raise StoreDamage(f"{name}: {self.size} bytes where its table says {int(self.offsets[n])} (truncated?)")
+        self.meta = json.loads(bytes(table[meta_off: meta_off + meta_len]))
         self.touched = end_table  # opening reads the header and the whole table once (checksum)
 
-    def find(self, doc_id: str, key: int | None = None) -> tuple[int | None, int]:
-        """(the index in key order of `doc_id`'s record or None, the bytes the search read)."""
+    def lookup(self, doc_id: str, key: int | None = None) -> tuple[Record | None, int]:
+        """(`doc_id`'s record, its checksum verified, or None; the bytes read): one read per candidate record."""
         key = doc_key(doc_id) if key is None else key
         i = int(np.searchsorted(self.keys, np.uint64(key)))
-        read = 8 * max(1, self.n.bit_length())
-        want = doc_id.encode("utf-8")
+        read = 8 * max(1, self.n.bit_length()) + 16
         while i < self.n and int(self.keys[i]) == key:
-            o = int(self.offsets[i])
-            id_len = struct.unpack_from("<I", self.buf, o)[0]
-            read += 16 + RECORD.size + id_len
-            stored = bytes(self.buf[o + RECORD.size: o + RECORD.size + id_len])
-            if stored == want:
-                return i, read
-            if doc_key(stored.decode("utf-8", "replace")) != key:  # not another id of the same key: damage
+            rec, raw = self._parse(i)
+            read += raw
+            if rec.doc_id == doc_id:
+                return rec, read
+            if doc_key(rec.doc_id) != key:  # not another id of the same key: damage
                 raise StoreDamage(f"{self.name}: record {i} does not hold the document its key names")
             i += 1
         return None, read
 
     def record(self, i: int) -> tuple[Record, int]:
         """(record i, its checksum verified; the bytes read)."""
+        return self._parse(i)
+
+    def _parse(self, i: int) -> tuple[Record, int]:
         o, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        id_len, n_tokens, la_len, ca_len, crc, _ = RECORD.unpack_from(self.buf, o)
-        body = o + RECORD.size
-        stop = body + _pad(id_len, 4) + 4 * n_tokens + la_len + ca_len
-        if stop > end:
+        raw = self.read(o, end - o)
+        if len(raw) < RECORD.size:
+            raise StoreDamage(f"{self.name}: record {i} is cut short")
+        id_len, n_tokens, la_len, ca_len, crc, _ = RECORD.unpack_from(raw, 0)
+        stop = RECORD.size + _pad(id_len, 4) + 4 * n_tokens + la_len + ca_len
+        if stop > len(raw):
             raise StoreDamage(f"{self.name}: record {i} runs past its end")
-        view = memoryview(self.buf)
-        if zlib.crc32(view[body:stop], zlib.crc32(view[o: o + 16])) != crc:
+        view = memoryview(raw)
+        if zlib.crc32(view[RECORD.size:stop], zlib.crc32(view[:16])) != crc:
             raise StoreDamage(f"{self.name}: record {i} checksum mismatch")
-        p = body + _pad(id_len, 4)
+        p = RECORD.size + _pad(id_len, 4)
         tokens = bytes(view[p: p + 4 * n_tokens])
         p += 4 * n_tokens
-        la = bytes(view[p: p + la_len])
-        ca = bytes(view[p + la_len: stop])
-        return Record(bytes(view[body: body + id_len]).decode("utf-8"), tokens, la, ca), stop - o
+        rec = Record(bytes(view[RECORD.size: RECORD.size + id_len]).decode("utf-8", "replace"), tokens,
+                     bytes(view[p: p + la_len]), bytes(view[p + la_len: stop]))
+        return rec, len(raw)
 
     def records(self):
         """Every record, in key order."""
         for i in range(self.n):
             yield self.record(i)[0]
+
+    def verify(self) -> None:
+        """StoreDamage unless every record's checksum holds and its id has the key the table gives it."""
+        for i, rec in enumerate(self.records()):
+            if doc_key(rec.doc_id) != int(self.keys[i]):
+                raise StoreDamage(f"{self.name}: record {i} does not hold the document its key names")

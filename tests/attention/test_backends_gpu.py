@@ -25,6 +25,7 @@ from sift_cli.prefill.run import dense_prefill, run_forward, sparse_prefill
 from sift_cli.profile.job import profile_corpus
 from sift_cli.sample import sample_documents
 from sift_cli.shards.reader import ShardSet
+from sift_cli.store.bitstore import BitStore
 
 from ..test_block_lists import AWKWARD, random_prompt
 
@@ -116,7 +117,7 @@ def smol_gpu():
 def _sample_shards(tmp_path, lm, cfg=ProfileConfig()):
     docs = [{"id": name, "title": "", "text": text} for name, text in sample_documents()[:6]]
     profile_corpus(write_jsonl(docs, tmp_path / "c.jsonl"), tmp_path / "s", lm, cfg, num_shards=1)
-    return ShardSet(tmp_path / "s"), [d["id"] for d in docs]
+    return BitStore(tmp_path / "s"), [d["id"] for d in docs]
 
 
 @pytest.mark.slow
@@ -189,7 +190,7 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
         x = torch.tensor([prompt.input_ids], device="cuda")
         eager = sparse_prefill(smol_gpu, prompt, backend, x, opts, "cuda").logits
         graph = graphed_sparse_prefill(smol_gpu, prompt, backend, x, opts, "cuda", repeat=2)
-        assert graph.transfer_ms > 0
+        assert graph.transfer_ms > 0 and graph.lookup_ms > 0  # each replay looks the bits up in the store again
         for i in range(2):
             if i:  # the graph's own copy refills what the decode reads
                 graph.staged.device_buf.zero_()
@@ -198,6 +199,7 @@ def test_cuda_graphs_replay_equals_eager_across_prompts(tmp_path, smol_gpu):
             assert torch.equal(logits.float(), eager), (len(prompt.input_ids), float((logits - eager).abs().max()))
     r = run_prefill(smol_gpu, prompt, PrefillOptions(cuda_graphs=True, repeat=2, warmup=1, max_new_tokens=4))
     assert r["graph_logits_equal_eager"] and r["cuda_graphs"] and r["capture_ms"]["sift"] > 0
+    assert 0 < r["sift"]["lookup_ms"] < r["sift"]["ttft_ms"]
     assert r["sift"]["gpu_ms"] > 0 and r["density"]["cells_over_allowed"] >= 1.0
 
 

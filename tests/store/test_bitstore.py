@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -37,6 +38,13 @@ def parquet_rows(directory: Path) -> dict:
         for r in pq.read_table(p, columns=["doc_id", "tokens", "la_bits", "ca_bits"]).to_pylist():
             rows[r["doc_id"]] = r
     return rows
+
+
+def index_of(view: BucketView, doc_id: str) -> int:
+    """The position of `doc_id`'s record in a bucket file (its key's, keys being distinct here)."""
+    i = int(np.searchsorted(view.keys, np.uint64(doc_key(doc_id))))
+    assert int(view.keys[i]) == doc_key(doc_id)
+    return i
 
 
 def assert_same(store: BitStore, rows: dict, ids) -> None:
@@ -85,7 +93,7 @@ def test_a_lookup_reads_its_record_and_the_table_only(big_set, tmp_path):
     path = copy / STORE_DIR / bucket_file_name(shard)
     data = bytearray(path.read_bytes())
     view = BucketView(bytes(data))
-    i, _ = view.find(target)
+    i = index_of(view, target)
     first, end = int(view.offsets[0]), int(view.offsets[-1])
     keep = (int(view.offsets[i]), int(view.offsets[i + 1]))
     own = bytes(data[keep[0]:keep[1]])
@@ -97,11 +105,11 @@ def test_a_lookup_reads_its_record_and_the_table_only(big_set, tmp_path):
     assert (got.tokens, got.la_bits, got.ca_bits) == (expected["tokens"], expected["la_bits"], expected["ca_bits"])
     table = int(view.offsets[0])  # header, meta, keys and offsets: read once when the bucket is mapped
     assert store.stats.bytes_read <= table + 4096 + (keep[1] - keep[0]) + 16 * 64
-    with pytest.raises(SiftError, match="does not hold the document its key names .* `sift index"):
+    with pytest.raises(SiftError, match="record .* checksum mismatch .* `sift index .* --verify`"):
         store.records([doc_id(i) for i in range(2600) if doc_key(doc_id(i)) % store.num_shards == shard][:5])
 
 
-@pytest.mark.parametrize("damage", ["record", "header", "truncate", "stale", "missing"])
+@pytest.mark.parametrize("damage", ["record", "swapped", "header", "truncate", "stale", "missing"])
 def test_damaged_or_stale_files_are_refused_with_one_line(big_set, tmp_path, damage):
     import shutil
 
@@ -112,10 +120,19 @@ def test_damaged_or_stale_files_are_refused_with_one_line(big_set, tmp_path, dam
     data = bytearray(path.read_bytes())
     if damage == "record":
         view = BucketView(bytes(data))
-        o = int(view.offsets[view.find(some)[0]])
+        o = int(view.offsets[index_of(view, some)])
         data[o + RECORD.size + 40] ^= 0xFF
         path.write_bytes(data)
         expected = "record .* checksum mismatch"
+    elif damage == "swapped":  # two whole records of equal size exchanged: each checksum holds, the keys do not
+        view = BucketView(bytes(data))
+        sizes = np.diff(view.offsets.astype(np.int64))
+        i = index_of(view, some)
+        j = next(j for j in range(view.n) if j != i and sizes[j] == sizes[i])
+        a, b = (int(view.offsets[i]), int(view.offsets[i + 1])), (int(view.offsets[j]), int(view.offsets[j + 1]))
+        data[a[0]:a[1]], data[b[0]:b[1]] = data[b[0]:b[1]], data[a[0]:a[1]]
+        path.write_bytes(data)
+        expected = "does not hold the document its key names"
     elif damage == "header":
         data[20] ^= 0x01
         path.write_bytes(data)
@@ -134,7 +151,7 @@ def test_damaged_or_stale_files_are_refused_with_one_line(big_set, tmp_path, dam
     with pytest.raises(SiftError, match=expected) as err:
         store.records([some])
     assert "\n" not in str(err.value) and f"sift index {copy}" in str(err.value)
-    verify = damage in ("record", "header", "truncate")
+    verify = damage in ("record", "swapped", "header", "truncate")
     assert ("--verify" in str(err.value)) == verify
     assert bucket_state(copy / "part-00000.parquet", verify=True) is not None
     index_set(copy, verify=verify)  # the remedy it names
