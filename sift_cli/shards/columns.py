@@ -19,8 +19,10 @@ def binary_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gather_rows(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
-    """[rows, width] bytes, row i from data[starts[i]:]."""
-    return data[starts[:, None] + np.arange(width)[None, :]]
+    """[rows, width] bytes, row i from data[starts[i]:] (one copy of the slices, no index array)."""
+    if not len(starts):
+        return np.zeros((0, width), dtype=data.dtype)
+    return np.concatenate([data[o: o + width] for o in starts.tolist()]).reshape(len(starts), width)
 
 
 def row_chunks(rows: np.ndarray, width: int, budget: int = 1 << 22):

@@ -71,8 +71,9 @@ class RowChecks:
                 seen.setdefault(d, r)
             self._report("duplicate-id", dup, lambda r: f"duplicate doc_id (also row {seen[ids[r]]} of this file)")
         self.misplaced: list[str] = []
+        self.keys = [doc_key(d) for d in ids]
         if shard is not None and num_shards:
-            wrong = [r for r, d in enumerate(ids) if doc_key(d) % num_shards != shard]
+            wrong = [r for r, key in enumerate(self.keys) if key % num_shards != shard]
             self.misplaced = [ids[r] for r in wrong]
             self._report("wrong-bucket", wrong, lambda r: f"belongs to bucket {doc_key(ids[r]) % num_shards}, "
                                                           f"not {shard}")

@@ -77,11 +77,11 @@ def check_file(path: str, with_store: bool) -> FileResult:
     res.problems.extend(checks.problems)
     res.documents, res.ids, res.misplaced = checks.n, checks.ids, checks.misplaced
     if with_store:
-        res.problems.extend(_store_problems(p, table, f.meta))
+        res.problems.extend(_store_problems(p, table, f.meta, checks.keys))
     return res
 
 
-def _store_problems(part: Path, table: pa.Table, meta: dict) -> list[dict]:
+def _store_problems(part: Path, table: pa.Table, meta: dict, keys: list[int]) -> list[dict]:
     """The part's bucket file against what its rows and metadata make, byte for byte."""
     shard = int(meta["sift.shard_index"])
     path = part.parent / STORE_DIR / bucket_file_name(shard)
@@ -92,7 +92,7 @@ def _store_problems(part: Path, table: pa.Table, meta: dict) -> list[dict]:
         return [problem(f"store-{state.split()[0]}", f"{where}: {state}; rebuild it with `sift index "
                                                      f"{part.parent}{' ' + fix if fix else ''}`", where)]
     header = read_set_header(part.parent / STORE_DIR / SET_FILE)
-    expected = encode_bucket(*part_rows_from_table(table), bucket_meta(part, meta, header["digest"]))
+    expected = encode_bucket(*part_rows_from_table(table), bucket_meta(part, meta, header["digest"]), keys)
     if path.read_bytes() != expected:
         return [problem("store-content", f"{where}: does not hold what {part.name} holds; rebuild it with "
                                          f"`sift index {part.parent} --rebuild`", where)]
@@ -191,9 +191,9 @@ def _manifest_problems(directory: Path, results: list[FileResult], meta: dict) -
     codes = files.indices.to_numpy(zero_copy_only=False)
     rows = table.column("row").to_numpy()
     order = np.lexsort((rows, codes))
-    ids = table.column("doc_id").take(pa.array(order))
+    ids, rows = table.column("doc_id").take(pa.array(order)), rows[order]
     bounds = np.searchsorted(codes[order], np.arange(len(files.dictionary) + 1))
-    indexed = {name: (ids.slice(bounds[k], bounds[k + 1] - bounds[k]), rows[order][bounds[k]:bounds[k + 1]])
+    indexed = {name: (ids.slice(bounds[k], bounds[k + 1] - bounds[k]), rows[bounds[k]:bounds[k + 1]])
                for k, name in enumerate(files.dictionary.to_pylist())}
     wrong, extra = [], 0
     for r in results:

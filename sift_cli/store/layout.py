@@ -74,13 +74,15 @@ def part_fingerprint(path: Path) -> dict:
     return {"bytes": size, "footer_sha256": hashlib.sha256(footer + tail).hexdigest()}
 
 
-def encode_bucket(doc_ids: list[str], tokens: list, la: list, ca: list, meta: dict) -> bytes:
+def encode_bucket(doc_ids: list[str], tokens: list, la: list, ca: list, meta: dict, keys: list[int] | None = None
+                  ) -> bytes:
     """A bucket file's bytes. tokens: each document's token ids as int32 little-endian bytes (or anything
-    `np.asarray(..., "<i4")` takes); la, ca: its bit vectors (bytes-like)."""
+    `np.asarray(..., "<i4")` takes); la, ca: its bit vectors (bytes-like); keys: the ids' `doc_key`s when the caller
+    has them."""
     ids = [d.encode("utf-8") for d in doc_ids]
     toks = [t if isinstance(t, (bytes, bytearray, memoryview)) else np.asarray(t, dtype="<i4").tobytes()
             for t in tokens]
-    keys = [doc_key(d) for d in doc_ids]
+    keys = keys if keys is not None else [doc_key(d) for d in doc_ids]
     order = sorted(range(len(ids)), key=lambda i: (keys[i], ids[i]))
     meta_bytes = json.dumps(meta, sort_keys=True).encode("utf-8")
     n = len(ids)
@@ -92,15 +94,16 @@ def encode_bucket(doc_ids: list[str], tokens: list, la: list, ca: list, meta: di
     records: list = []  # the records' pieces, joined once
     zeros = bytes(8)
     for k, i in enumerate(order):
-        lengths = struct.pack("<IIII", len(ids[i]), len(toks[i]) // 4, len(la[i]), len(ca[i]))
-        body = (ids[i], zeros[: _pad(len(ids[i]), 4) - len(ids[i])], toks[i], la[i], ca[i])
-        crc = zlib.crc32(lengths)
-        for part in body:
-            crc = zlib.crc32(part, crc)
-        size = RECORD.size + sum(len(part) for part in body)
-        records += (lengths, struct.pack("<II", crc, 0), *body, zeros[: _pad(size, 8) - size])
+        pad_id = _pad(len(ids[i]), 4) - len(ids[i])
+        size = RECORD.size + len(ids[i]) + pad_id + len(toks[i]) + len(la[i]) + len(ca[i])
+        rec = bytearray(b"".join((struct.pack("<IIIIII", len(ids[i]), len(toks[i]) // 4, len(la[i]), len(ca[i]), 0,
+                                              0), ids[i], zeros[:pad_id], toks[i], la[i], ca[i],
+                                  zeros[: _pad(size, 8) - size])))
+        view = memoryview(rec)
+        struct.pack_into("<I", rec, 16, zlib.crc32(view[RECORD.size:size], zlib.crc32(view[:16])))
+        records.append(rec)
         offsets[k] = pos
-        pos += _pad(size, 8)
+        pos += len(rec)
     offsets[n] = pos
     table = (meta_bytes + zeros[: keys_off - meta_off - len(meta_bytes)]
              + np.array([keys[i] for i in order], dtype="<u8").tobytes() + offsets.tobytes())
