@@ -28,13 +28,13 @@ from sift_cli.corpus import load_documents
 from sift_cli.lab.datasets import essay_records, long_essays, write_jsonl
 from sift_cli.models import load_model
 from sift_cli.prefill.assemble import assemble
+from sift_cli.prefill.lookup import open_set
 from sift_cli.prefill.options import PrefillOptions
 from sift_cli.prefill.plan import decode_all_layers
 from sift_cli.prefill.report import run_prefill
 from sift_cli.profile.forward import causal_sdpa
 from sift_cli.profile.job import profile_corpus
 from sift_cli.shards.inspection import inspect_shards
-from sift_cli.shards.reader import ShardSet
 from sift_cli.tokens import prefix_token_ids, tokenize_documents
 
 ON_GPU = asdict(GPU_DEFAULTS)  # the batch and statistics budget of a GPU run
@@ -101,7 +101,7 @@ def ttft_cases(lm, data, work, repeat, limit=0):
     corpus = write_jsonl(recs, work / "essays.jsonl")
     profile_corpus(corpus, work / "essay-shards", lm, ProfileConfig(**ON_GPU),
                    num_shards=1)
-    shards = ShardSet(work / "essay-shards")
+    shards = open_set(work / "essay-shards")
     rows = []
     for n_docs, label in ((2, "4K"), (4, "8K"))[: 1 if limit else 2]:
         for start in (0, 4)[: 1 if limit else 2]:
@@ -125,7 +125,7 @@ def ttft_cases(lm, data, work, repeat, limit=0):
 def attention_breakdown(lm, data, work, limit=0):
     """Where SIFT's forward time goes at 8K: per-layer kernel time (events) vs host time, against dense SDPA."""
     recs = essays_cut(data, 300 if limit else 1450)[: 2 if limit else 4]
-    shards = ShardSet(work / "essay-shards")
+    shards = open_set(work / "essay-shards")
     prompt = assemble(shards, lm, [r["id"] for r in recs], "What is the main argument of the first essay?")
     L, H, Hkv, D = prompt.layout.seq_len, lm.n_heads, lm.n_kv_heads, lm.head_dim
     bits = prompt.bits.to(lm.device)

@@ -20,8 +20,9 @@ from ...corpus import CorpusFormat, Document, json_lines, load_documents, render
 from ...errors import SiftError
 from ...models import LoadedModel
 from ...prefill.assemble import Prompt, prompt_from_shards
+from ...prefill.lookup import ShardSource
 from ...profile.job import profile_corpus
-from ...shards.reader import ShardSet
+from ...store.bitstore import BitStore
 from ...tokens import DEFAULT_INSTRUCTION, prefix_token_ids, suffix_token_ids, tokenize_documents
 from ..datasets import data_dir, essay_records, long_essays, nq_items, nq_passages, nq_records, write_jsonl
 
@@ -205,15 +206,16 @@ def default_work_dir(name: str, lm: LoadedModel, cfg: ProfileConfig) -> Path:
 
 
 def ensure_shards(pset: PromptSet, lm: LoadedModel, cfg: ProfileConfig, work: str | Path | None = None,
-                  num_shards: int = 8, progress=None) -> ShardSet:
-    """Profile the documents the prompts use (deduplicated) into `work`/shards; resumable, reused when done."""
+                  num_shards: int = 8, progress=None) -> BitStore:
+    """Profile the documents the prompts use (deduplicated) into `work`/shards; resumable, reused when done. The
+    set is read through its serving store, as `sift prefill` reads it (SIFT's timed prefills look bits up there)."""
     work = Path(work) if work else default_work_dir(pset.name, lm, cfg)
     docs = pset.used_docs()
     corpus = write_jsonl([{"id": d.doc_id, "text": d.text} for d in docs], work / "corpus.jsonl")
     out = work / "shards"
     profile_corpus(corpus, out, lm, cfg, RAW_TEMPLATE, num_shards=num_shards, progress=progress)
-    shards = ShardSet(out)
-    missing = [d.doc_id for d in docs if d.doc_id not in shards]
+    shards = BitStore(out)
+    missing = shards.missing([d.doc_id for d in docs])
     if missing:
         raise SiftError(f"{len(missing)} documents were not profiled (longer than the model's context?): "
                         f"{', '.join(missing[:3])}")
@@ -222,7 +224,7 @@ def ensure_shards(pset: PromptSet, lm: LoadedModel, cfg: ProfileConfig, work: st
 
 # ---- composing prompts -----------------------------------------------------------------------------------------
 
-def compose(shards: ShardSet, lm: LoadedModel, spec: PromptSpec, instruction: str = DEFAULT_INSTRUCTION,
+def compose(shards: ShardSource, lm: LoadedModel, spec: PromptSpec, instruction: str = DEFAULT_INSTRUCTION,
             allow_long: bool = False) -> Prompt:
     """The online prompt of `spec` from a shard set (`prompt.assemble` without its checks of the inputs)."""
     return prompt_from_shards(shards, lm, list(spec.doc_ids), spec.question, instruction, allow_long)
