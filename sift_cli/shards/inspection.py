@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bits import ca_nbytes, la_nbytes, n_pages, unpack_ca, unpack_la
+from ..cpu_memory import keep_freed_memory
 from ..errors import SiftError
 from ..store.bitstore import BitStore
 from ..store.layout import SET_FILE, STORE_DIR
@@ -33,6 +34,7 @@ class FileStats:
 
 def file_stats(path: str, vectors: int, tile: int) -> FileStats:
     """Popcounts of one file, rows grouped by page count and counted as byte arrays (no Python per row)."""
+    keep_freed_memory()  # each file's buffers reuse the last one's pages instead of faulting fresh ones
     table = ShardFile.open(Path(path)).read(["n_tokens", "la_bits", "ca_bits"])
     n = table.column("n_tokens").to_numpy().astype(np.int64)
     stats = FileStats(np.zeros(vectors, np.int64), np.zeros(vectors, np.int64))

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..cpu_memory import keep_freed_memory
 from ..errors import SiftError
 from ..store.index import bucket_state, part_rows_from_table
 from ..store.layout import SET_FILE, STORE_DIR, SUFFIX, bucket_file_name, encode_bucket
@@ -42,6 +43,7 @@ def default_workers() -> int:
 
 def check_file(path: str, with_store: bool) -> FileResult:
     """Every check of one part file (and, with_store, of its serving-store bucket)."""
+    keep_freed_memory()  # each file's buffers reuse the last one's pages instead of faulting fresh ones
     p = Path(path)
     res = FileResult(p.name)
     try:

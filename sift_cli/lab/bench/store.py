@@ -118,8 +118,8 @@ def _ms(x) -> str:
 
 def render(result: dict) -> list[Table]:
     k = result["ids_per_request"]
-    t = Table(title=f"requests of {k} random ids (ms; warm: set open and cached; cold: every file dropped from the "
-                    "page cache, store reopened)", show_edge=False)
+    t = Table(title=f"requests of {k} random ids (ms; warm: set open, its store files in the page cache; cold: every "
+                    "file dropped from the page cache, store reopened)", show_edge=False)
     for col in ("documents", "read path", "open", "new process → 1st request", "warm p50", "warm p99", "cold p50",
                 "cold p99", "bytes / request (warm, cold)", "RSS after open MiB", "peak RSS MiB"):
         t.add_column(col, justify="right")

@@ -2,8 +2,8 @@
 imports, memory and page faults are its own: it opens a shard set, times requests of random ids and prints one
 JSON object.
 
-- `--path store` (the serving store): imports, open, the first request; `--warm` requests after as many untimed
-  (buckets mapped, pages cached); `--cold` requests, each after closing the store and dropping every file of the
+- `--path store` (the serving store): imports, open, the first request; `--warm` requests after the store's
+  files were read once (in the page cache, as a hot set's are) and as many requests untimed; `--cold` requests, each after closing the store and dropping every file of the
   set from the page cache (`posix_fadvise(DONTNEED)`, where the OS honours it), from a freshly opened store;
 - `--path parquet` (the Parquet reader, `shards.reader.ShardSet`): open and `--warm` requests.
 Memory is the process's resident set (VmRSS) after opening and after the requests; bytes read are the store's own
@@ -50,6 +50,16 @@ def drop_from_page_cache(directory: Path) -> int:
     return n
 
 
+def read_into_page_cache(directory: Path) -> int:
+    """Read every store file once (what a server's first hours do to a hot set): bytes read."""
+    n = 0
+    for p in sorted((directory / "store").glob("*")):
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 22):
+                n += len(chunk)
+    return n
+
+
 def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -80,6 +90,8 @@ def probe_store(directory: Path, n_docs: int, per_request: int, warm: int, cold:
     out = {"path": "store", "import_ms": (imported - t0) * 1e3, "open_ms": (opened - imported) * 1e3,
            "first_request_ms": (first - opened) * 1e3, "process_to_first_request_ms": (first - T_START) * 1e3,
            "rss_mib_after_open": rss_open}
+    if warm:
+        out["prefetched_bytes"] = read_into_page_cache(directory)
     for r in reqs[1: 1 + warm]:
         store.bits(r)
     times, read = [], []
