@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from ..errors import SiftError
 from .files import ShardFile, list_parts, shared_metadata, skipped_documents
 from .format import MANIFEST, decode_metadata, matching_keys
-from .record import DocRecord
+from .record import DocRecord, absent_line, raise_missing
 
 
 class ShardSet:
@@ -66,12 +66,7 @@ class ShardSet:
 
     def absent(self, doc_id: str) -> str:
         """An error line for an id this set does not hold: skipped at profile time (and why), or not in it."""
-        reason = self.skip_reason(doc_id)
-        if reason is not None:
-            return (f"doc_id {doc_id!r} was skipped when {self.dir} was profiled: {reason} — leave it out of the "
-                    f"prompt, or fix or split the document and profile it again")
-        return (f"doc_id {doc_id!r} is not in the shard set {self.dir} — check the id (`sift ids {self.dir}` lists "
-                f"them) or profile the document first")
+        return absent_line(self.dir, doc_id, self.skip_reason(doc_id))
 
     @property
     def tile(self) -> int:
@@ -95,12 +90,7 @@ class ShardSet:
         return [d for d in doc_ids if d not in self._index]
 
     def get(self, doc_ids: list[str]) -> list[DocRecord]:
-        missing = self.missing(doc_ids)
-        if len(missing) == 1:
-            raise SiftError(self.absent(missing[0]))
-        if missing:
-            raise SiftError(f"{len(missing)} doc_ids are absent from the shard set {self.dir} — see below why; "
-                            f"`sift ids {self.dir}` lists the set's ids", [self.absent(d) for d in missing])
+        raise_missing(self.dir, self.missing(doc_ids), self.absent)
         found = self.records(doc_ids)
         return [found[d] for d in doc_ids]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import SiftError
 from ..shards.names import doc_key, part_name
-from ..shards.record import DocRecord
+from ..shards.record import DocRecord, absent_line, raise_missing
 from .layout import (HEADER, MAGIC, SET_FILE, STORE_DIR, VERSION, BucketView, Record, StoreDamage, bucket_file_name,
                      part_fingerprint, table_end)
 
@@ -157,12 +157,7 @@ class BitStore:
 
     def absent(self, doc_id: str) -> str:
         """An error line for an id this set does not hold: skipped at profile time (and why), or not in it."""
-        reason = self.skip_reason(doc_id)
-        if reason is not None:
-            return (f"doc_id {doc_id!r} was skipped when {self.dir} was profiled: {reason} — leave it out of the "
-                    f"prompt, or fix or split the document and profile it again")
-        return (f"doc_id {doc_id!r} is not in the shard set {self.dir} — check the id (`sift ids {self.dir}` lists "
-                f"them) or profile the document first")
+        return absent_line(self.dir, doc_id, self.skip_reason(doc_id))
 
     def count(self) -> int:
         """Documents in the set (maps every bucket: a full pass over the set's tables)."""
@@ -271,11 +266,7 @@ class BitStore:
             self._cache_size -= len(old.tokens) + len(old.la_bits) + len(old.ca_bits)
 
     def _raise_missing(self, missing: list[str]) -> None:
-        if len(missing) == 1:
-            raise SiftError(self.absent(missing[0]))
-        if missing:
-            raise SiftError(f"{len(missing)} doc_ids are absent from the shard set {self.dir} — see below why; "
-                            f"`sift ids {self.dir}` lists the set's ids", [self.absent(d) for d in missing])
+        raise_missing(self.dir, missing, self.absent)
 
 
 def _open_file_budget(buckets: int) -> int:
