@@ -165,7 +165,8 @@ def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
             continue
         t.add_row(escape(r["model"][:24]), escape(r["pattern"][:28]), f"{r['tokens']:,}", r["mode"],
                   f"{r['ttft_ms']:.1f}", fmt(r.get("attention_ms"), 1), fmt(r.get("other_ms"), 1),
-                  fmt(r.get("lookup_ms"), 3), fmt(r.get("decode_ms"), 2), fmt(r.get("transfer_ms"), 2), fmt(r.get("cell_density"), 3),
+                  fmt(r.get("lookup_ms"), 3), fmt(r.get("decode_ms"), 2), fmt(r.get("transfer_ms"), 2),
+                  fmt(r.get("cell_density"), 3),
                   fmt(r.get("cells_over_allowed"), 3), fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3), fmt(r.get("energy_j"), 2),
                   fmt(r.get("tokens_per_j"), 0), fmt(r.get("edp"), 3), fmt(r.get("ed2p"), 3))
     out.print(t)

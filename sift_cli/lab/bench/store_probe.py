@@ -3,11 +3,13 @@ imports, memory and page faults are its own: it opens a shard set, times request
 JSON object.
 
 - `--path store` (the serving store): imports, open, the first request; `--warm` requests after the store's
-  files were read once (in the page cache, as a hot set's are) and as many requests untimed; `--cold` requests, each after closing the store and dropping every file of the
-  set from the page cache (`posix_fadvise(DONTNEED)`, where the OS honours it), from a freshly opened store;
+  files were read once (in the page cache, as a hot set's are) and as many requests untimed; `--cold` requests,
+  each after closing the store and dropping every file of the set from the page cache (`posix_fadvise(DONTNEED)`,
+  where the OS honours it), from a freshly opened store;
 - `--path parquet` (the Parquet reader, `shards.reader.ShardSet`): open and `--warm` requests.
 Memory is the process's resident set (VmRSS) after opening and after the requests; bytes read are the store's own
-count (tables once per bucket, then records) and, for cold requests, major page faults × the page size.
+count (tables once per bucket, then records) and, for cold requests, major page faults × the page size (the
+table pages read from disk; records come by `pread`, which faults nothing).
 """
 
 from __future__ import annotations
