@@ -129,7 +129,7 @@ def render(result: dict) -> list[Table]:
             if "error" in p:
                 t.add_row(f"{r['documents']:,}", kind, f"error: {p['error']}")
                 continue
-            read = (f"{p['warm_bytes_per_request']:,.0f}, {p.get('cold_major_faults_bytes') or 0:,.0f}"
+            read = (f"{p['warm_bytes_per_request']:,.0f}, {p.get('cold_bytes_per_request') or 0:,.0f}"
                     if kind == "store" else "whole part files")
             t.add_row(f"{r['documents']:,}", kind, _ms(p["open_ms"]), _ms(p["new_process_ms"]),
                       _ms(p["warm_p50_ms"]), _ms(p["warm_p99_ms"]), _ms(p.get("cold_p50_ms")),
