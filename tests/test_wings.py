@@ -93,3 +93,14 @@ def test_no_import_cycle_among_library_modules():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_every_package_is_listed_for_installation():
+    """pyproject.toml names its packages one by one: a new package left out works in an editable install and is
+    missing from a wheel."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    on_disk = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert on_disk - listed == set()
