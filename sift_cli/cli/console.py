@@ -30,6 +30,17 @@ class _Console(Console):
     def size(self, new_size) -> None:
         Console.size.fset(self, new_size)
 
+    def on_broken_pipe(self) -> None:
+        """The reader of our output went away (`sift inspect DIR | head -1`): stop writing; `cli.main` ends with
+        exit 0, as Unix tools do (rich's default exits 1)."""
+        self.quiet = True
+        raise OutputClosed
+
+
+class OutputClosed(Exception):
+    """The reader of stdout went away (a broken pipe: `sift ids DIR | head -1`). Not an OSError, which click
+    would turn into exit 1 before `cli.main` sees it; `main` ends quietly with exit 0, as Unix tools do."""
+
 
 class Interrupted(Exception):
     """Ctrl-C in a command that can say what to do next (the message): shown as `interrupted — <message>`, exit
@@ -55,15 +66,23 @@ class TimeLeftColumn(ProgressColumn):
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=_default) + "\n")
-    sys.stdout.flush()
+    _write(json.dumps(obj, indent=2, sort_keys=False, default=_default) + "\n")
 
 
 def print_plain(lines) -> None:
     """Lines on stdout exactly as given (tabs kept, no markup, no wrapping): output meant for `cut`, `grep`."""
     for line in lines:
-        sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+        _write(line + "\n", flush=False)
+    _write("")
+
+
+def _write(text: str, flush: bool = True) -> None:
+    try:
+        sys.stdout.write(text)
+        if flush:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise OutputClosed from None
 
 
 def _default(o):
