@@ -12,6 +12,8 @@ from rich.console import Console, ConsoleDimensions
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
 from rich.text import Text
 
+from ..sizes import binary_bytes as human_bytes  # noqa: F401  (the commands' byte format)
+
 LOG_WIDTH = 1000  # columns of a console that is not a terminal: tables in logs keep every value whole
 
 
@@ -112,16 +114,6 @@ def progress(description: str, enabled: bool = True, unit: str | None = None):
 
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 def fmt(x, nd=3) -> str:
