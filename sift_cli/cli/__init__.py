@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import SiftError, debug_enabled, error_line
+from ..output_dirs import disk_full_error, is_disk_full
 from . import prefill, profile, shards
 from .bench import bench_app
 from .console import Interrupted, OutputClosed, err
@@ -73,6 +74,10 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if debug:
             raise
+        if is_disk_full(exc):  # a command that knows its output folder says it itself (sift profile)
+            full = disk_full_error(exc)
+            err.print(f"[red]error:[/] {escape(str(full))}")
+            sys.exit(full.exit_code)
         err.print(f"[red]error:[/] {escape(error_line(exc))} (set SIFT_DEBUG=1 for the traceback)")
         sys.exit(1)
 
