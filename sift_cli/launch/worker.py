@@ -115,7 +115,7 @@ class ProfileWorker:
         record = WorkerRecord(self.out, self.rank.to_json(), str(self.lm.device), self.startup)
 
         def tick(done: int, total: int) -> None:
-            if not record.written:
+            if done and not record.written:  # once a batch (or a layer of one) is done, not at the first 0
                 record.write(state="profiling")
             if progress:
                 progress(done, total)
