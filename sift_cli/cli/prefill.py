@@ -12,6 +12,8 @@ from rich.table import Table
 from .console import err, out, pct, print_json, progress
 from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
 
+PROFILE_MISSING_FAILED = 5  # exit code: the prefill ran and its report is printed; --profile-missing failed after
+
 
 def prefill(
     shards_dir: Path = typer.Option(..., "--shards", help="shard directory made by `sift profile`"),
@@ -24,7 +26,8 @@ def prefill(
                                                           "CPU), gather, reference (checking only), flex or cuda"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="answer tokens generated after the prefill "
+                                                                 "(0: none, the first-token check only)"),
     repeat: Optional[int] = typer.Option(None, "--repeat", help="timed runs of each mode, median reported "
                                                                 "(default: 3 on a GPU, 1 on a CPU)"),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="untimed runs of each mode first (default: 1 on a "
@@ -69,6 +72,11 @@ def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_r
         print_json(report)
     else:
         render_prefill(report, question)
+    failed = (report.get("profiled_missing") or {}).get("error")
+    if failed:  # the prefill's report is out; profiling its missing documents for the next prompt failed
+        err.print(f"[red]error:[/] profiling the missing documents into {escape(str(profile_missing))} failed: "
+                  f"{escape(failed)}")
+        raise typer.Exit(PROFILE_MISSING_FAILED)
 
 
 def render_prefill(r: dict, question: str) -> None:
@@ -107,7 +115,7 @@ def render_prefill(r: dict, question: str) -> None:
         out.print(f"CUDA graphs: capture {c['dense']:.0f} ms (full) and {c['sift']:.0f} ms (SIFT), not in TTFT; graph "
                   f"logits {'equal' if r['graph_logits_equal_eager'] else 'DIFFER FROM'} eager SIFT's")
     added = r.get("profiled_missing")
-    if added is not None:
+    if added is not None and "error" not in added:
         extra = "".join(f", {len(added[k])} {k.replace('_', ' ')}" for k in ("conflicts", "skipped_too_long")
                         if added[k])
         out.print(f"profiled for the next prompt: {len(added['added'])} documents into {escape(added['out'])} "

@@ -81,6 +81,12 @@ def profile(
     except KeyboardInterrupt:
         raise Interrupted("run the same command again to resume: finished shards are kept, the others are "
                           "redone") from None
+    except OSError as exc:
+        from ..output_dirs import disk_full_error, is_disk_full
+
+        if is_disk_full(exc):
+            raise disk_full_error(exc, out_dir) from exc
+        raise
     lm, rank_ = worker.lm, worker.rank
     if as_json:
         print_json({**report.to_json(), "worker": rank_.to_json(), "device": str(lm.device)})
@@ -88,7 +94,10 @@ def profile(
     if rank_.world_size > 1:
         out.print(f"worker {rank_.rank} of {rank_.world_size} ({rank_.source}): {len(worker.only_shards)} of "
                   f"{report.num_shards} shards are this worker's")
-    out.print(f"[bold]{report.out}[/]: {report.documents} documents in {report.num_shards} shards")
+    # the corpus's records, bad ones included (report.documents counts the readable ones, too long ones included)
+    records = report.documents + len(report.skipped) - len(report.skipped_too_long)
+    skipped = f" ({len(report.skipped)} skipped, below)" if report.skipped else ""
+    out.print(f"[bold]{report.out}[/]: {records} documents in {report.num_shards} shards{skipped}")
     out.print(f"  profiled {report.profiled} documents ({report.tokens} tokens) in {report.seconds:.1f} s "
               f"= {report.tokens_per_second:,.0f} tokens/s on {lm.device}")
     if report.startup:
