@@ -10,7 +10,8 @@ import typer
 
 from ..errors import SiftError
 from .console import out, print_json, progress
-from .eval_tables import render_calibrate, render_qa, render_recall, render_storage, render_sweep
+from .eval_tables import (render_calibrate, render_frontier, render_qa, render_recall, render_storage,
+                          render_sweep)
 from .options import (AlphaOpt, BackendOpt, BetaOpt, BlockMOpt, BlockNOpt, DataOpt, DeviceOpt, DtypeOpt, GammaOpt,
                       JsonOpt, ModelOpt, PlotOpt, SeedOpt, ThreadsOpt, TileOpt, TilesOpt, WorkOpt)
 from .results import finish
@@ -183,6 +184,40 @@ def sweep(
                        docs_per_prompt, words, seed, backend, block_m, block_n, max_new_tokens, with_recall,
                        progress_bar=_bars(as_json))
     finish(res, save, plot, "plot_sweep", as_json, render_sweep)
+
+
+# ---- eval frontier -----------------------------------------------------------------------------------------------
+
+@eval_app.command()
+def frontier(
+    sets: str = typer.Option("essays,nq10,nq20,pairs", "--sets", help="prompt sets: essays, nq10, nq20, pairs "
+                                                                     "(two NQ questions, two gold passages)"),
+    n_prompts: int = typer.Option(20, "--n-prompts", help="prompts per set"),
+    paper: Optional[str] = typer.Option(None, "--paper-points", help="paper-rule points 'T,α,β,γ;…' (default: "
+                                                                     "five around the paper's defaults)"),
+    mass: Optional[str] = typer.Option(None, "--mass-points", help="mass-rule points 'ε,ε';…' (default: seven "
+                                                                   "from 0.002 to 0.2)"),
+    tile: int = typer.Option(64, "--tile", help="the mass rule's tile size"),
+    essay_words: int = typer.Option(1000, "--essay-words", help="words kept of each essay"),
+    seed: int = SeedOpt,
+    block_m: Optional[int] = typer.Option(None, "--block-m", help="query block rows (default: the backend's)"),
+    block_n: int = BlockNOpt,
+    max_new_tokens: int = typer.Option(12, "--max-new-tokens", help="greedy tokens compared per prompt"),
+    backend: str = BackendOpt,
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    data_dir: Optional[Path] = DataOpt, threads: int = ThreadsOpt,
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save", help="write the result "
+                                                                                             "JSON here"),
+    as_json: bool = JsonOpt,
+):
+    """Computed density against KL, first token and answer for the paper and mass rules, beside the noise floor."""
+    from ..lab.eval.frontier import MASS_POINTS, PAPER_POINTS, frontier_report
+
+    names = [x.strip() for x in sets.split(",") if x.strip()]
+    res = frontier_report(_model(model, device, dtype, threads), names, n_prompts, paper or PAPER_POINTS,
+                          mass or MASS_POINTS, tile, seed, backend, block_m, block_n, max_new_tokens, data_dir,
+                          essay_words, progress_bar=_bars(as_json))
+    finish(res, save, plot, "plot_frontier", as_json, render_frontier)
 
 
 # ---- eval storage ----------------------------------------------------------------------------------------------

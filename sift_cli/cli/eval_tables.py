@@ -131,3 +131,42 @@ def render_calibrate(res: dict) -> None:
               f"{pct(c['density'])} of causal attention cells")
     if res.get("config"):
         out.print(f"wrote {res['config']}: `sift profile` uses these thresholds by default")
+
+
+def render_frontier(res: dict) -> None:
+    for r in res["sets"]:
+        ps, nf, c = r["prompt_set"], r["noise_floor"], r["comparison"]
+        out.print(f"[bold]{escape(r['set'])}[/]: {ps['prompts']} prompts, {min(r['tokens'])}..{max(r['tokens'])} "
+                  f"tokens ({escape(ps['source'])}); noise floor (full {nf['reference_dtype']} vs served): median "
+                  f"KL {fmt(nf['kl_median'], 2)}, first token {nf['first_token_same_count']}/{nf['n']}, answer "
+                  f"{nf['same_answer_count']}/{nf['n']}")
+        t = Table(show_edge=False)
+        for col in ("rule", "parameters", "cells computed", "KL median", "KL p90", "× noise", "same first token",
+                    "same answer"):
+            t.add_column(col, justify="right" if col not in ("rule", "parameters") else "left")
+        for rule, points in r["rules"].items():
+            for p in sorted(points, key=lambda p: p["density"]):
+                params = (f"ε={p['epsilon']:g} ε'={p['ca_epsilon']:g}" if rule == "mass"
+                          else f"α={p['alpha']:g} β={p['beta']:g} γ={p['gamma']:g}")
+                m = p["kl_over_noise_median"]
+                t.add_row(rule, f"T={p['tile_size']} {params}", pct(p["density"]), fmt(p["kl_median"], 2),
+                          fmt(p["kl_p90"], 2), "-" if m is None else f"{m:.2g}×",
+                          f"{p['first_token_same_count']}/{p['n']}", f"{p['same_answer_count']}/{p['n']}")
+        out.print(t)
+        d = c.get("at_paper_default")
+        if d:
+            ratio = "-" if d["kl_ratio"] is None else f"{d['kl_ratio']:.2f}×"
+            out.print(f"  at the paper defaults' density ({pct(d['density'])}): mass KL {fmt(d['mass_kl_median'], 2)} "
+                      f"vs paper {fmt(d['paper_kl_median'], 2)} ({ratio}; target ≤ "
+                      f"{res['targets']['kl_ratio_at_paper_default']:g}×): {'met' if d['met'] else 'not met'}")
+        w = c["within_noise"]
+        if w["mass_point"] is None:
+            out.print(f"  no mass setting is within {res['targets']['noise_multiple']:g}× the noise floor: not met")
+        else:
+            paper = ("never, in its range" if w["paper_density_for_same_kl"] is None
+                     else pct(w["paper_density_for_same_kl"]))
+            out.print(f"  sparsest mass setting within {res['targets']['noise_multiple']:g}× the noise floor: "
+                      f"{pct(w['mass_density'])} of the cells; the paper rule needs {paper} for that KL: "
+                      f"{'met' if w['met'] else 'not met'}")
+    verdict = "dominates" if res["mass_dominates_everywhere"] else "does not dominate"
+    out.print(f"[bold]the mass rule {verdict} the paper rule on every set[/] (docs/evaluation.md says what follows)")
