@@ -133,6 +133,12 @@ def qa(
                                                                   "(as its released code)"),
     tile: int = TileOpt, alpha: float = AlphaOpt, beta: float = BetaOpt, gamma: float = GammaOpt,
     block_m: int = BlockMOpt, block_n: int = BlockNOpt,
+    rule: str = typer.Option("paper", "--rule", help="selection rule of SIFT's bits: paper (--alpha, --beta, "
+                                                     "--gamma) or mass (--epsilon, --ca-epsilon)"),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="--rule mass: per-row dropped mass bound"),
+    ca_epsilon: Optional[float] = typer.Option(None, "--ca-epsilon", help="--rule mass: CA dropped share bound"),
+    noise_floor: bool = typer.Option(True, "--noise-floor/--no-noise-floor", help="also answer with full "
+                                     "recompute in the reference precision (each mode's KL as a multiple of it)"),
     results: Optional[Path] = typer.Option(None, "--results", help="JSONL of per-question results: appended as "
                                                                   "they finish; a re-run resumes from it"),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
@@ -145,9 +151,13 @@ def qa(
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     sizes = _ints(n_docs, "--n-docs")
+    selection = ({"rule": "mass", "epsilon": epsilon, "ca_epsilon": ca_epsilon} if rule == "mass"
+                 else {"rule": rule, "epsilon": epsilon, "ca_epsilon": ca_epsilon, "alpha": alpha, "beta": beta,
+                       "gamma": gamma})
     result = qa_report(_model(model, device, dtype, threads), records, nq, sizes, questions, gold_position, seed,
                        mode_list, backend, max_new_tokens, ratio, blend_mask, tile, alpha, beta, gamma, block_m,
-                       block_n, results, data_dir, work, progress_bar=_bars(as_json))
+                       block_n, results, data_dir, work, progress_bar=_bars(as_json), noise_floor=noise_floor,
+                       selection=selection)
     finish(result, save, plot, "plot_qa", as_json, lambda res: [render_qa(r) for r in res["runs"]])
 
 

@@ -44,16 +44,19 @@ def render_qa(r: dict) -> None:
               f"{r['cacheblend']['mask']})")
     t = Table(show_edge=False)
     t.add_column("mode", no_wrap=True)
-    for col in ("n", "accuracy", "same answer as full", "same first token", "KL mean", "TTFT ms", "density"):
+    for col in ("n", "accuracy", "same answer as full", "same first token", "KL mean", "KL median", "× noise",
+                "density"):
         t.add_column(col, justify="right")
     for mode, s in r["summary"].items():
-        t.add_row(mode, str(s["n"]), pct(s["accuracy"]), pct(s["agreement_with_full"]),
-                  pct(s["first_token_agreement"]), fmt(s["kl_mean"]), f"{s['ttft_ms_median']:.0f}",
+        name = f"full in {s['reference_dtype']} (noise floor)" if mode == "noise_floor" else mode
+        m = s.get("kl_over_noise_median")
+        t.add_row(name, str(s["n"]), pct(s["accuracy"]), pct(s["agreement_with_full"]),
+                  pct(s["first_token_agreement"]), fmt(s["kl_mean"]), fmt(s["kl_median"]),
+                  "-" if m is None else f"{m:.2g}×",
                   pct(s.get("cell_density_mean")) if "cell_density_mean" in s else "-")
     out.print(t)
-    if r["backend"] == "reference":
-        out.print("  TTFT here is the reference implementation's (PyTorch, no kernel): fidelity, not speed — "
-                  "`sift bench prefill` measures speed on a GPU")
+    out.print("  [dim]no time to first token here: each question is a new prompt shape, run once per mode; "
+              "`sift bench prefill` times modes warm, per shape[/]")
 
 
 def render_sweep(res: dict) -> None:

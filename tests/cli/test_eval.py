@@ -80,8 +80,11 @@ def test_eval_qa_end_to_end_and_resume(capsys, tmp_path, tiny_ckpt, qa_file):
     res = json.loads(out)
     assert [r["n_docs"] for r in res["runs"]] == [2, 3]
     s = res["runs"][1]["summary"]
-    assert set(s) == {"full", "sift", "sink+window", "kv-reuse", "cacheblend"}
+    assert set(s) == {"full", "sift", "sink+window", "kv-reuse", "cacheblend", "noise_floor"}
     assert s["full"]["agreement_with_full"] == 1.0 and s["full"]["n"] == 2
+    # beside the numeric noise; no cold per-shape timings
+    assert s["noise_floor"]["reference_dtype"] == "bfloat16" and s["noise_floor"]["kl_median"] > 0
+    assert s["sift"]["kl_over_noise_median"] >= 0 and "ttft_ms_median" not in s["sift"]
     assert 0 < s["sift"]["cell_density_mean"] <= 1
     assert len(results.read_text().splitlines()) == 4
     code, out2, _ = run(capsys, *args)  # resumed: nothing recomputed, same answers
@@ -89,7 +92,12 @@ def test_eval_qa_end_to_end_and_resume(capsys, tmp_path, tiny_ckpt, qa_file):
     assert json.loads(out2)["runs"][1]["summary"]["sift"] == s["sift"]
     code, out, _ = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--device", "cpu", "--n-docs", "2",
                        "--modes", "full,sift", "--max-new-tokens", 2, "--work", tmp_path / "w2")
-    assert code == 0 and "accuracy" in out and "sift" in out
+    assert code == 0 and "accuracy" in out and "sift" in out and "noise floor" in out and "TTFT" not in out
+    code, out, _ = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--device", "cpu", "--n-docs", "2",
+                       "--modes", "full,sift", "--max-new-tokens", 2, "--rule", "mass", "--epsilon", "0.05",
+                       "--tile", 16, "--no-noise-floor", "--json", "--work", tmp_path / "w3")
+    res = json.loads(out)
+    assert code == 0 and res["thresholds"]["rule"] == "mass" and "noise_floor" not in res["runs"][0]["summary"]
 
 
 def test_eval_errors_are_one_line(capsys, tmp_path, tiny_ckpt, qa_file):
@@ -98,6 +106,8 @@ def test_eval_errors_are_one_line(capsys, tmp_path, tiny_ckpt, qa_file):
     code, _, e = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--modes", "full,magic", "--work",
                      tmp_path / "w")
     assert code == 2 and "unknown mode" in e
+    code, _, e = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--epsilon", "0.1")
+    assert code == 2 and "--epsilon belongs to --rule mass" in e
     code, _, e = run(capsys, "eval", "recall", "--model", tiny_ckpt)
     assert code == 2 and "--shards" in e
     code, _, e = run(capsys, "eval", "storage", "--models", "GPT-9")
