@@ -108,7 +108,7 @@ def profile_defaults(explicit: str | Path | None = None, lm=None) -> dict:
         return out
     data = read_config(path)
     for key, value in data.get("profile", {}).items():
-        out[key] = int(value) if key == "tile" else float(value)
+        out[key] = int(value) if key == "tile" else value if key == "rule" else float(value)
     out["source"] = str(path)
     cal = data.get("calibration", {})
     if lm is not None and cal.get("weights") and cal.get("weights") != lm.fingerprint:
@@ -147,7 +147,7 @@ def resolve_profile_config(device, overrides: Mapping[str, Any] | None = None, *
     source, warning = "built-in defaults", None
     if read_file:
         found = profile_defaults(config_file, lm)
-        values.update({k: found[k] for k in THRESHOLDS})
+        values.update({k: found[k] for k in (*THRESHOLDS, "rule", *MASS_DEFAULTS) if k in found})
         source, warning = found["source"], found["warning"]
     for key, value in (overrides or {}).items():
         if value is None or (key == "batch_tokens" and not value):

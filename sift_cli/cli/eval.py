@@ -258,6 +258,14 @@ def calibrate(
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="target: first-token agreement "
                                                                                 ">= this (0..1)"),
     min_recall: Optional[float] = typer.Option(None, "--min-recall", help="target: min(LA, CA) recall >= this"),
+    max_kl_over_noise: Optional[float] = typer.Option(None, "--max-kl-over-noise", help="target: the median over "
+                                                      "prompts of KL(full ‖ SIFT) over the prompt's numeric noise "
+                                                      "floor <= this (docs/evaluation.md)"),
+    rule: str = typer.Option("paper", "--rule", help="candidates of the paper rule (--points or --tiles/--alphas/"
+                                                     "--betas/--gammas) or the mass rule (--epsilons, "
+                                                     "--ca-epsilons, one --tiles)"),
+    epsilons: str = typer.Option("0.005,0.01,0.02,0.05,0.1", "--epsilons", help="--rule mass: ε candidates"),
+    ca_epsilons: str = typer.Option("0.02,0.05,0.1", "--ca-epsilons", help="--rule mass: ε' candidates"),
     n_prompts: int = typer.Option(4, "--n-prompts", help="prompts sampled from the corpus"),
     docs_per_prompt: int = typer.Option(5, "--docs-per-prompt"),
     queries: Optional[Path] = typer.Option(None, "--queries", help="file of typical user questions, one per line"),
@@ -284,8 +292,16 @@ def calibrate(
     from ..corpus import corpus_format
     from ..lab.eval.calibrate import Target, calibrate_corpus
 
-    pts = _points(points, tiles, alphas, betas, gammas)
-    target = Target(max_kl, min_agreement, min_recall)
+    if rule not in ("paper", "mass"):
+        raise SiftError(f"--rule {rule}: expected paper or mass")
+    if rule == "mass":
+        from ..lab.eval.mass_grid import MassPoint
+
+        pts = [MassPoint(t, e, c) for t in _ints(tiles, "--tiles") for e in _floats(epsilons, "--epsilons")
+               for c in _floats(ca_epsilons, "--ca-epsilons")]
+    else:
+        pts = _points(points, tiles, alphas, betas, gammas)
+    target = Target(max_kl, min_agreement, min_recall, max_kl_over_noise)
     res = calibrate_corpus(_model(model, device, dtype, threads), corpus, pts, target,
                            corpus_format(id_field, text_field, title_field, template), n_prompts, docs_per_prompt,
                            queries, seed, backend, block_m, block_n, max_new_tokens, config_out, dry_run,

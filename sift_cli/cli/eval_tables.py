@@ -113,25 +113,36 @@ def render_storage(res: dict, tile: int) -> None:
               "per prompt at 15K / 32K / 64K")
 
 
+def _rule_params(p: dict) -> str:
+    if p.get("rule") == "mass":
+        return f"mass ε={p['epsilon']:g} ε'={p['ca_epsilon']:g}"
+    return f"α={p['alpha']:g} β={p['beta']:g} γ={p['gamma']:g}"
+
+
 def render_calibrate(res: dict) -> None:
     out.print(f"[bold]calibrate[/]: target {res['target']}; {res['prompt_set']['prompts']} prompts of "
               f"{res['prompt_set']['docs_per_prompt']} documents ({res['dense_tokens']} tokens); "
               f"{len(res['candidates'])} candidates, {len(res['evaluated'])} evaluated (sparsest first)")
+    nf = res["noise_floor"]
+    out.print(f"noise floor (full recompute {nf['reference_dtype']} vs served): median KL {fmt(nf['kl_median'], 2)}, "
+              f"first token {pct(nf['first_token_agreement'])}, answer {pct(nf['same_answer'])}")
     t = Table(show_edge=False)
-    for c in ("T", "α", "β", "γ", "density", "KL mean", "first token", "recall", "meets target"):
+    for c in ("T", "parameters", "density", "KL mean", "KL median", "× noise", "first token", "recall",
+              "meets target"):
         t.add_column(c, justify="right")
     for p in res["evaluated"]:
-        t.add_row(str(p["tile_size"]), f"{p['alpha']:g}", f"{p['beta']:g}", f"{p['gamma']:g}", f"{p['density']:.3f}",
-                  fmt(p["kl_mean"], 2), pct(p["first_token_agreement"]), pct(p.get("recall")),
-                  "[green]yes[/]" if p["meets_target"] else "no")
+        m = p.get("kl_over_noise_median")
+        t.add_row(str(p["tile_size"]), _rule_params(p), f"{p['density']:.3f}", fmt(p["kl_mean"], 2),
+                  fmt(p["kl_median"], 2), "-" if m is None else f"{m:.2g}×", pct(p["first_token_agreement"]),
+                  pct(p.get("recall")), "[green]yes[/]" if p["meets_target"] else "no")
     out.print(t)
     c = res["chosen"]
     if c is None:
         err.print(f"[red]no candidate meets the target[/] ({escape(res['target'])}); nothing written: "
                   f"{escape(res['advice'])}")
         return
-    out.print(f"chosen: T={c['tile_size']} α={c['alpha']:g} β={c['beta']:g} γ={c['gamma']:g} — computes "
-              f"{pct(c['density'])} of causal attention cells")
+    out.print(f"chosen: T={c['tile_size']} {_rule_params(c)} — computes {pct(c['density'])} of causal attention "
+              f"cells")
     if res.get("config"):
         out.print(f"wrote {res['config']}: `sift profile` uses these thresholds by default")
 

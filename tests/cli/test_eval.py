@@ -147,6 +147,28 @@ def test_eval_sweep_and_calibrate(capsys, tmp_path, tiny_ckpt, small_corpus, mon
     d = profile_defaults(tmp_path / "sift.toml")  # the sparsest candidate meets a target that everything meets
     assert (d["tile"], d["alpha"]) == (res["candidates"][0]["tile_size"], res["candidates"][0]["alpha"])
     assert res["chosen"]["density"] == pytest.approx(dens[0]) and res["config"].endswith("sift.toml")
+    assert res["noise_floor"]["kl_median"] > 0 and res["chosen"]["kl_over_noise_median"] is not None
+
+
+def test_calibrate_the_mass_rule_to_the_noise_floor(capsys, tmp_path, tiny_ckpt, small_corpus, monkeypatch):
+    from sift_cli.config import profile_defaults, resolve_profile_config
+
+    monkeypatch.chdir(tmp_path)
+    base = ["calibrate", small_corpus, "--model", tiny_ckpt, "--device", "cpu", "--n-prompts", 1,
+            "--docs-per-prompt", 2, "--rule", "mass", "--tiles", "16", "--epsilons", "0.01,0.3",
+            "--ca-epsilons", "0.05", "--max-new-tokens", 2, "--block-m", 16, "--block-n", 16]
+    code, out, e = run(capsys, *base, "--max-kl-over-noise", 1e9, "--json")
+    assert code == 0, e
+    res = json.loads(out)
+    assert res["rule"] == "mass" and res["chosen"]["epsilon"] == 0.3  # the sparser one meets an easy target
+    d = profile_defaults(tmp_path / "sift.toml")
+    assert (d["rule"], d["epsilon"], d["ca_epsilon"], d["tile"]) == ("mass", 0.3, 0.05, 16)
+    cfg = resolve_profile_config("cpu", {}, read_file=True, config_file=tmp_path / "sift.toml").profile
+    assert (cfg.rule, cfg.epsilon) == ("mass", 0.3)
+    code, out, e = run(capsys, *base, "--max-kl-over-noise", 0, "--dry-run")
+    assert code == 4 and "× the noise floor at best" in e
+    code, _, e = run(capsys, *base, "--min-recall", 0.9)
+    assert code == 2 and "--min-recall measures the paper rule" in e
 
 
 def test_calibrate_without_a_candidate_writes_nothing(tiny_lm, small_corpus):
