@@ -45,6 +45,9 @@ def prefill(
     profile_missing: Optional[Path] = typer.Option(None, "--profile-missing", help="shard set the prompt also "
                                                    "reads, where documents no set holds are profiled afterwards "
                                                    "for the next prompt (created if needed)"),
+    noise_floor: bool = typer.Option(True, "--noise-floor/--no-noise-floor", help="also run full recompute in a "
+                                     "reference precision (untimed) and report SIFT's KL as a multiple of that "
+                                     "numeric noise (docs/evaluation.md)"),
     trust_remote_code: bool = TrustOpt,
     online: bool = OnlineOpt,
     as_json: bool = JsonOpt,
@@ -56,7 +59,8 @@ def prefill(
 
     documents, question = read_documents(docs, corpus_format(template=template)), read_query(query)
     opts = PrefillOptions(backend=backend, block_m=block_m, block_n=block_n, query_blocks=query_blocks,
-                          cuda_graphs=cuda_graphs, repeat=repeat, warmup=warmup, max_new_tokens=max_new_tokens)
+                          cuda_graphs=cuda_graphs, repeat=repeat, warmup=warmup, max_new_tokens=max_new_tokens,
+                          noise_floor=noise_floor)
     _run_prefill(shards_dir, documents, question, model, device, dtype, opts, trust_remote_code, online, as_json,
                  profile_missing)
 
@@ -80,6 +84,8 @@ def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_r
 
 
 def render_prefill(r: dict, question: str) -> None:
+    from ..prefill.noise import noise_line
+
     pt = r["prompt_tokens"]
     out.print(f"[bold]prompt[/]: {pt['total']} tokens = prefix {pt['prefix']} + {len(pt['docs'])} documents "
               f"{pt['docs']} + suffix {pt['suffix']}   ({r['model']}, {r['device']}, {r['dtype']})")
@@ -110,6 +116,8 @@ def render_prefill(r: dict, question: str) -> None:
     out.print(f"speed-up {r['speedup']:.2f}×   {decode}first token "
               f"{'same' if r['first_token_match'] else 'DIFFERENT'}   KL {r['kl']:.2e}   "
               f"max |Δlogit| {r['max_abs_logit_diff']:.3f}")
+    if r.get("noise_floor"):
+        out.print(noise_line(r["noise_floor"]))
     if r.get("cuda_graphs"):
         c = r["capture_ms"]
         out.print(f"CUDA graphs: capture {c['dense']:.0f} ms (full) and {c['sift']:.0f} ms (SIFT), not in TTFT; graph "

@@ -114,7 +114,8 @@ def check_same_kind(sets: list[ShardSource]) -> None:
     """Every set of a prompt holds one kind of bits (tile, thresholds, prefix)."""
     first = sets[0]
     for s in sets[1:]:
-        for key in ("sift.tile_size", "sift.alpha", "sift.beta", "sift.gamma", "sift.prefix_token_ids"):
+        for key in ("sift.tile_size", "sift.rule", "sift.alpha", "sift.beta", "sift.gamma", "sift.epsilon",
+                    "sift.ca_epsilon", "sift.prefix_token_ids"):
             if s.meta.get(key) != first.meta.get(key):
                 raise SiftError(f"{s.dir} was profiled with another {key.removeprefix('sift.')} than {first.dir}; "
                                 f"prompts read one kind of bits")

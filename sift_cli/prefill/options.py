@@ -25,6 +25,7 @@ class PrefillOptions:
     repeat: int | None = None  # timed runs of each mode; None: the device's default (`timing_defaults`)
     warmup: int | None = None  # untimed runs of each mode first; None: the device's default
     max_new_tokens: int = 16
+    noise_floor: bool = True  # one more untimed full recompute in the reference precision (`noise`)
 
 
 def timing_defaults(device) -> dict:

@@ -109,7 +109,7 @@ def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cf
     device = next(model.parameters()).device
     rows = padded_batch(prefix_ids, docs)
     n_layers = model.config.num_hidden_layers
-    fast = resolve_stats(cfg.stats, device) == "triton"
+    fast = cfg.rule == "paper" and resolve_stats(cfg.stats, device) == "triton"
     lengths = [len(d) for d in docs]
     lengths_dev = to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
     st = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev,

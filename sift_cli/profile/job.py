@@ -74,9 +74,7 @@ def shard_metadata(lm: LoadedModel, cfg: ProfileConfig, prefix_ids: list[int], n
         "sift.n_kv_heads": lm.n_kv_heads,
         "sift.head_dim": lm.head_dim,
         "sift.tile_size": cfg.tile,
-        "sift.alpha": cfg.alpha,
-        "sift.beta": cfg.beta,
-        "sift.gamma": cfg.gamma,
+        **cfg.rule_metadata(),
         "sift.prefix_token_ids": list(prefix_ids),
         "sift.tokenizer": tokenizer_info(lm.tokenizer),
         "sift.tool_version": __version__,
@@ -91,6 +89,10 @@ def check_compatible(out: Path, meta: dict) -> int | None:
     if not parts:
         return None
     existing = ShardFile.open(parts[0])
+    rules = existing.meta.get("sift.rule") or "paper", meta.get("sift.rule") or "paper"
+    if rules[0] != rules[1]:
+        raise SiftError(f"{out}: holds shards made with a different rule ({rules[0]}, not {rules[1]}); profile "
+                        f"with --rule {rules[0]} or use another --out directory")
     for key in matching_keys():
         if key == "sift.num_shards":
             continue

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..bits import n_pages
 from ..config import ProfileConfig
+from .mass_rule import band_mass_tiles, column_mass, mass_pages
 
 
 def probability_bands(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
@@ -68,7 +69,10 @@ def doc_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc:
 
     q [H, S, D], k [H_kv, S, D] are the layer's post-RoPE queries and keys of `prefix ‖ doc` (S may include right
     padding, which is ignored). Probabilities are normalised over every key a query sees, prefix included.
+    The paper rule (thresholds α, β, γ) unless `cfg.rule` is "mass" (`mass_rule`).
     """
+    if cfg.rule == "mass":
+        return doc_mass_bits(q, k, prefix_len, n_doc, scale, cfg)
     H = q.shape[0]
     T = cfg.tile
     P = n_pages(n_doc, T)
@@ -91,3 +95,34 @@ def doc_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc:
     hot = (counts.float() / visible) > cfg.gamma  # [H, n]
     hot = F.pad(hot, (0, P * T - n_doc), value=False)
     return la, hot.view(H, P, T).any(-1)
+
+
+def doc_mass_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float,
+                  cfg: ProfileConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """`doc_attention_bits` under the mass rule: each row drops ≤ ε of its mass, each head's CA pages ≤ ε' of
+    the document's mean later-query mass (`mass_rule`)."""
+    la, ca = doc_mass_bits_grid(q, k, prefix_len, n_doc, scale, cfg.tile, (cfg.epsilon,), (cfg.ca_epsilon,),
+                                cfg.stats_budget_bytes)
+    return la[0], ca[0]
+
+
+def doc_mass_bits_grid(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
+                       epsilons: tuple[float, ...], ca_epsilons: tuple[float, ...], budget_bytes: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mass rule's LA tiles bool [nε, H, P, P] for every ε and CA pages bool [nε', H, P] for every ε', from
+    one pass over the probabilities (the evaluations sweep ε and ε' without another model pass)."""
+    H = q.shape[0]
+    T = tile
+    P = n_pages(n_doc, T)
+    dev = q.device
+    la = torch.zeros(len(epsilons), H, P, P, dtype=torch.bool, device=dev)
+    col_sum = torch.zeros(H, n_doc, dtype=torch.float32, device=dev)
+    for h0, h1, r0, doc_probs, _ in probability_bands(q, k, prefix_len, n_doc, scale, T, budget_bytes):
+        for e, eps in enumerate(epsilons):
+            tiles = band_mass_tiles(doc_probs, r0, T, eps)
+            la[e, h0:h1, r0 // T: r0 // T + tiles.shape[1], : tiles.shape[2]] = tiles
+        col_sum[h0:h1, : doc_probs.shape[2]] += column_mass(doc_probs)
+        del doc_probs
+    la &= torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+    la[..., torch.arange(P), torch.arange(P)] = True
+    return la, torch.stack([mass_pages(col_sum, n_doc, T, e) for e in ca_epsilons])

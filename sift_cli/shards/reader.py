@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from ..errors import SiftError
 from .files import ShardFile, list_parts, shared_metadata, skipped_documents
-from .format import MANIFEST, decode_metadata, matching_keys
+from .format import MANIFEST, decode_metadata, matching_keys, required_keys
 from .record import DocRecord, SetMetadata, absent_line, raise_missing
 
 
@@ -33,7 +33,7 @@ class ShardSet(SetMetadata):
         except Exception as exc:
             raise SiftError(f"{manifest}: unreadable ({str(exc).splitlines()[0]})") from exc
         self.meta = decode_metadata(table.schema.metadata)
-        missing = [k for k in matching_keys() if k not in self.meta]
+        missing = [k for k in matching_keys() if k not in self.meta and k in required_keys()]
         if missing:
             raise SiftError(f"{manifest}: metadata key {missing[0]} missing; re-run `sift status --finalize`")
         self._index = {d: (f, r) for d, f, r in zip(table.column("doc_id").to_pylist(),
