@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .errors import SiftError
 
 # model_type → the attention module class whose forward we have read (its call passes exactly the features
@@ -101,7 +103,7 @@ def inspect_model(model) -> ModelFeatures:
     config = model.config
     refuse_config(config)
     mt = config.model_type
-    attn = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
+    attn = [m.self_attn for m in model.modules() if isinstance(getattr(m, "self_attn", None), torch.nn.Module)]
     if len(attn) != config.num_hidden_layers:
         _refuse(mt, f"{len(attn)} attention modules for {config.num_hidden_layers} layers")
     for m in attn:

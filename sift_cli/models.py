@@ -184,11 +184,12 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
             path, fingerprint, source = spec, "hub:" + spec, spec
     kwargs = dict(trust_remote_code=trust_remote_code, local_files_only=not online)
     try:
+        with add_time(phases, "model"):
+            config = AutoConfig.from_pretrained(path, **kwargs)
+        refuse_config(config)  # before the tokenizer or any weight is read
         with add_time(phases, "tokenizer"):
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         with add_time(phases, "model"):
-            config = AutoConfig.from_pretrained(path, **kwargs)
-            refuse_config(config)  # before any weight is read
             model = AutoModelForCausalLM.from_pretrained(
                 path, dtype=dt, attn_implementation=attention_implementation(config, attn_implementation), **kwargs)
     except (OSError, ValueError) as exc:
