@@ -12,7 +12,8 @@ from .options import DeviceOpt, DtypeOpt, JsonOpt, OnlineOpt, TrustOpt
 
 
 def check_model(
-    model: str = typer.Argument(..., help="HF model id (offline cache), local directory or .gguf file"),
+    model: Optional[str] = typer.Argument(None, help="HF model id (offline cache), local directory or .gguf file; "
+                                                     "default: the bundled SmolLM2-135M-Instruct GGUF"),
     backend: str = typer.Option("auto", "--backend", help="auto, gather, reference, flex or cuda"),
     tokens: Optional[int] = typer.Option(None, "--tokens", help="prompt length (default: past the model's "
                                                                 "smallest sliding window, at least 300)"),
