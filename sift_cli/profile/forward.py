@@ -63,13 +63,20 @@ def causal_sdpa(query, key, value, scaling):
     return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling)
 
 
+def model_attention(query, key, value, scaling, feats):
+    """The layer's dense attention output as the model defines it: `causal_sdpa` for a plain layer, else with its
+    window, soft-cap and sinks (`attention.features`)."""
+    return causal_sdpa(query, key, value, scaling) if feats.plain else dense_featured(query, key, value, scaling,
+                                                                                      feats)
+
+
 def _profile_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention for the profiling forward: SDPA output plus per-document statistics."""
     st: _BatchState = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     feats = call_features(kwargs)
-    out = causal_sdpa(query, key, value, scaling) if feats.plain else dense_featured(query, key, value, scaling, feats)
+    out = model_attention(query, key, value, scaling, feats)
     layer = module.layer_idx
     if st.fast:
         from .triton_statistics import batch_attention_stats
