@@ -34,8 +34,8 @@ def check_model(lm: LoadedModel, backend_name: str = "auto", length: int | None 
     """Every-block sparse prefill vs the model's eager forward on `length` random tokens: a dict with the
     features, the backend, max |Δlogit|, the tolerance and `ok`."""
     feats = features_of(lm.model)
-    backend = get_backend(backend_name, lm.device, feats)
     length = length or default_length(lm)
+    backend = get_backend(backend_name, lm.device, feats.for_length(length))
     gen = torch.Generator().manual_seed(seed)
     vocab = lm.model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, length), generator=gen).to(lm.device)

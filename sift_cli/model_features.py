@@ -8,7 +8,7 @@ holds their math). Anything else is refused at load with one line naming the mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -60,6 +60,11 @@ class ModelFeatures:
         if self.sinks:
             out.append("sinks")
         return out
+
+    def for_length(self, length: int) -> "ModelFeatures":
+        """The features over a prompt of `length` tokens: windows of `length` or more hide nothing and are dropped
+        (so a Mistral-style model whose prompt fits its window runs the plain kernels)."""
+        return replace(self, windows=tuple(w if w is not None and w < length else None for w in self.windows))
 
     def as_dict(self) -> dict:
         return {"model_type": self.model_type, "head_dim": self.head_dim, "heads": self.n_heads,

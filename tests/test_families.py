@@ -158,3 +158,11 @@ def test_check_model_command(tiny_ckpt, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1
     assert "model type deepseek_v3: multi-head latent attention (MLA) is not supported" in err[0]
+
+
+def test_a_window_the_prompt_fits_in_is_plain(models):
+    model = model_of(models, "mistral")
+    feats = features_of(model)
+    assert feats.for_length(WINDOW).plain and not feats.for_length(WINDOW + 1).plain
+    r = check_model(loaded(model, "mistral"), "gather", length=WINDOW)  # the plain gather path, still exact
+    assert r["ok"], r

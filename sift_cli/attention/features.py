@@ -43,6 +43,14 @@ def call_features(kwargs: dict) -> LayerFeatures:
     return LayerFeatures(int(window) if window else None, float(softcap) if softcap else None, sinks)
 
 
+def for_length(feats: LayerFeatures, length: int) -> LayerFeatures:
+    """The features over a sequence of `length` tokens: a window of `length` or more hides no key (i − j < length
+    for every pair), so it is dropped, and a layer left plain runs the plain path (the cuda kernel included)."""
+    if feats.window is None or feats.window < length:
+        return feats
+    return PLAIN if feats.softcap is None and feats.sinks is None else LayerFeatures(None, feats.softcap, feats.sinks)
+
+
 def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """bool [R, K]: which keys (positions k_pos) each query (positions q_pos) sees: causal, within the window."""
     seen = k_pos[None, :] <= q_pos[:, None]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..block_table import BlockTable
 from .base import BlockLists
-from .features import LayerFeatures, call_features, dense_featured
+from .features import LayerFeatures, call_features, dense_featured, for_length
 from .reference import BAND_ROWS, ReferenceBackend
 from .swap import swapped_attention
 
@@ -76,6 +76,7 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
         return _dense(query, key, value, scaling, feats).transpose(1, 2), None
     if query.shape[0] != 1:
         raise ValueError("sparse prefill runs one prompt at a time (batch 1)")
+    feats = for_length(feats, key.shape[2])
     if not feats.plain:
         if plan.attend_featured is None:
             raise ValueError(f"the {plan.backend_name} backend does not compute {', '.join(feats.names())}")

@@ -73,7 +73,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
 
     progress: optional callable(done, total) called after every forward. Unset repeat and warmup take the
     device's defaults (`timing_defaults`)."""
-    backend = get_backend(opts.backend, lm.device, features_of(lm.model))
+    backend = get_backend(opts.backend, lm.device, features_of(lm.model).for_length(len(prompt.input_ids)))
     opts = for_prompt(with_device_defaults(opts, lm.device), backend, lm.head_dim, prompt.bits)
     decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)

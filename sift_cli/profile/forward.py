@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..attention.features import call_features, dense_featured
+from ..attention.features import call_features, dense_featured, for_length
 from ..attention.swap import swapped_attention
 from ..config import ProfileConfig
 from ..errors import SiftError
@@ -75,10 +75,12 @@ def _profile_attention(module, query, key, value, attention_mask, scaling=None, 
     st: _BatchState = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    feats = call_features(kwargs)
+    feats = for_length(call_features(kwargs), key.shape[2])
     out = model_attention(query, key, value, scaling, feats)
     layer = module.layer_idx
     if st.fast:
+        if not feats.plain:  # resolve_stats chose torch for such a batch; never compute other statistics
+            raise SiftError(f"the Triton statistics do not compute {', '.join(feats.names())}")
         from .triton_statistics import batch_attention_stats
 
         n_max = max(st.doc_lengths)
@@ -114,8 +116,10 @@ def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cf
     device = next(model.parameters()).device
     rows = padded_batch(prefix_ids, docs)
     n_layers = model.config.num_hidden_layers
-    fast = resolve_stats(cfg.stats, device, features_of(model).names()) == "triton"
     lengths = [len(d) for d in docs]
+    feats = features_of(model)  # a window longer than the batch's rows hides nothing: auto may take triton then
+    names = feats.names() if cfg.stats == "triton" else feats.for_length(len(prefix_ids) + max(lengths)).names()
+    fast = resolve_stats(cfg.stats, device, names) == "triton"
     lengths_dev = to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
     st = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev)
     with swapped_attention(model, ATTN_NAME, _profile_attention, _state, current=st):
