@@ -8,7 +8,8 @@ import torch
 from sift_cli.attention.backends import get_backend
 from sift_cli.attention.features import LayerFeatures
 from sift_cli.attention.flex import FlexBackend
-from sift_cli.attention.reference import block_sparse_attention
+from sift_cli.attention.integration import prepare_plan, sparse_attention
+from sift_cli.attention.reference import ReferenceBackend, block_sparse_attention
 from sift_cli.block_table import BlockTable
 from sift_cli.check_model import check_model
 from sift_cli.cuda.checks import ROW_BOUND, random_block_lists
@@ -71,6 +72,27 @@ def test_family_every_block_flex_bf16_equals_model(name):
     r = check_model(lm, "auto", length=301)
     assert r["backend"] == "flex"  # head_dim 16-32, or an attention feature: never the cuda kernel
     assert r["first_token_equal"] and r["ok"], r
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gemma3_text", "gpt_oss", "qwen2"])
+def test_family_sparse_flex_equals_reference(name):
+    """Sparse lists (not every block): flex in bf16 equals the reference backend (fp32 math) on the model."""
+    dev = torch.device("cuda")
+    model = family_model(name, seed=4, dtype=torch.bfloat16).to(dev)
+    feats = features_of(model)
+    L = 517
+    table = BlockTable.causal(L, 128, 64, device=dev)
+    lists = [random_block_lists(table, feats.n_heads, 0.4, seed=i) for i in range(feats.n_layers)]
+    ids = torch.randint(3, 97, (1, L), generator=torch.Generator().manual_seed(1)).to(dev)
+    logits = {}
+    with torch.inference_mode():
+        for backend in (ReferenceBackend(), FlexBackend()):
+            poison_allocator(dev)
+            with sparse_attention(model, prepare_plan(backend, table, lists)):
+                logits[backend.name] = model(input_ids=ids, use_cache=False).logits.float()
+    assert torch.isfinite(logits["flex"]).all()
+    assert (logits["flex"] - logits["reference"]).abs().max() <= 0.25
+    assert torch.equal(logits["flex"][0, -1].argmax(), logits["reference"][0, -1].argmax())
 
 
 @pytest.mark.hopper
