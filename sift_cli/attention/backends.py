@@ -26,12 +26,31 @@ def _cupy_ok() -> bool:
         return False
 
 
-def get_backend(name: str, device: torch.device) -> AttentionBackend:
+CUDA_HEAD_DIMS = (64, 128)
+
+
+def _cuda_refusal(features) -> str | None:
+    """Why the cuda kernel cannot compute this model's attention exactly (None: it can)."""
+    if features is None:
+        return None
+    if features.head_dim not in CUDA_HEAD_DIMS:
+        return f"head_dim {features.head_dim} (the kernel has 64 and 128)"
+    if not features.plain:
+        return ", ".join(features.names())
+    return None
+
+
+def get_backend(name: str, device: torch.device, features=None) -> AttentionBackend:
     """A backend by name. `auto` is the only choice that may pick among them: cuda on a Hopper GPU with CuPy,
     else flex on a GPU, else gather (the CPU path whose cost follows the listed blocks). `reference` computes
-    every score and masks: it is for checking, not for speed."""
+    every score and masks: it is for checking, not for speed.
+
+    features: the model's `ModelFeatures`, when known. The cuda kernel computes plain causal attention at head_dim
+    64 and 128: `auto` takes flex for any other model (exact for every supported feature), and `cuda` is refused
+    for it, naming the model type and the feature."""
+    why_not_cuda = _cuda_refusal(features)
     if name == "auto":
-        if _hopper(device) and _cupy_ok():
+        if _hopper(device) and _cupy_ok() and why_not_cuda is None:
             name = "cuda"
         else:
             name = "flex" if device.type == "cuda" else "gather"
@@ -46,5 +65,8 @@ def get_backend(name: str, device: torch.device) -> AttentionBackend:
     if name == "cuda":
         if device.type != "cuda":
             raise SiftError("--backend cuda needs a CUDA GPU; use --backend reference on CPU")
+        if why_not_cuda is not None:
+            raise SiftError(f"--backend cuda: model type {features.model_type} has {why_not_cuda}, which the cuda "
+                            "kernel does not compute; use --backend flex (or auto)")
         return CudaBackend()
     raise SiftError(f"--backend {name}: expected one of {', '.join(BACKENDS)}")

@@ -8,6 +8,11 @@ the KV cache the sparse prefill wrote.
 Everything that depends only on the prompt is prepared once (`prepare_plan`): the backend turns the prompt's
 block table and every layer's lists into an `attend(layer, q, k, v, scale)` function, so a layer's call does no
 more host work than the attention call itself.
+
+A layer whose call carries attention features (sliding window, soft-capping, sinks: `features.py`) computes them
+on every path: dense calls through `features.dense_featured`, sparse ones through the backend's `featured` form
+(flex) or the banded reference (reference, gather: exact, not tuned). The cuda kernel has no such form: such a
+model is refused before a cuda prefill (`featured.check_backend`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import torch.nn.functional as F
 
 from ..block_table import BlockTable
 from .base import BlockLists
+from .features import LayerFeatures, call_features, dense_featured, for_length
+from .reference import BAND_ROWS, ReferenceBackend
 from .swap import swapped_attention
 
 ATTN_NAME = "sift"
@@ -41,9 +48,13 @@ class SparsePlan:
     # the same in the layouts of the model's attention call (query [1, H, L, D], key/value [1, H_kv, L, D] →
     # [1, L, H, D]), where the backend has it: the forward then makes no view per layer
     attend_model: Attend | None = field(default=None, repr=False)
+    # attend(layer, q, k, v, scale, features) for a layer with attention features, or None (refused)
+    attend_featured: Callable | None = field(default=None, repr=False)
 
 
-def _dense(query, key, value, scaling):
+def _dense(query, key, value, scaling, feats: LayerFeatures | None = None):
+    if feats is not None and not feats.plain:
+        return dense_featured(query, key, value, scaling, feats)
     group = query.shape[1] // key.shape[1]
     causal = query.shape[2] > 1 and query.shape[2] == key.shape[2]
     if not causal and query.shape[2] > 1:  # queries appended to a cache: causal with an offset
@@ -60,10 +71,17 @@ def sift_attention_forward(module, query, key, value, attention_mask, scaling=No
     plan: SparsePlan | None = getattr(_local, "plan", None)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    feats = call_features(kwargs)
     if plan is None or query.shape[2] != key.shape[2] or query.shape[2] == 1:
-        return _dense(query, key, value, scaling).transpose(1, 2), None
+        return _dense(query, key, value, scaling, feats).transpose(1, 2), None
     if query.shape[0] != 1:
         raise ValueError("sparse prefill runs one prompt at a time (batch 1)")
+    feats = for_length(feats, key.shape[2])
+    if not feats.plain:
+        if plan.attend_featured is None:
+            raise ValueError(f"the {plan.backend_name} backend does not compute {', '.join(feats.names())}")
+        out = plan.attend_featured(module.layer_idx, query[0], key[0], value[0], scaling, feats)
+        return out.transpose(0, 1).unsqueeze(0), None
     if plan.attend_model is not None:
         return plan.attend_model(module.layer_idx, query, key, value, scaling), None
     out = plan.attend(module.layer_idx, query[0], key[0], value[0], scaling)  # [H, L, D]-indexed
@@ -81,7 +99,24 @@ def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stac
     else:
         def attend(layer, q, k, v, scale):
             return backend.forward(q, k, v, block_lists[layer], scale)
-    return SparsePlan(backend.name, table, block_lists, attend, getattr(attend, "model_layout", None))
+    return SparsePlan(backend.name, table, block_lists, attend, getattr(attend, "model_layout", None),
+                      featured_attend(backend, block_lists))
+
+
+def featured_attend(backend, block_lists: list[BlockLists]) -> Callable | None:
+    """attend(layer, q, k, v, scale, features) of `backend` for layers with attention features: its own
+    `featured` form, the banded reference for the CPU backends, None where it has none (cuda)."""
+    own = getattr(backend, "featured", None)
+    if own is not None:
+        return own(block_lists)
+    if backend.name not in ("reference", "gather"):
+        return None
+    reference = ReferenceBackend(getattr(backend, "compute_dtype", torch.float32), rows=BAND_ROWS)
+
+    def attend(layer, q, k, v, scale, features):
+        return reference.forward(q, k, v, block_lists[layer], scale, features=features)
+
+    return attend
 
 
 def sparse_attention(model, plan: SparsePlan):

@@ -11,6 +11,9 @@ The banded mode (`ReferenceBackend(rows=...)`, `banded_block_sparse_attention`) 
 of query rows at a time: the [H, L, L] token mask is never built, each band gathers its rows' block mask and stops
 at its last key. On CPU it is several times faster than the full path at 3K–6K tokens and needs a fraction of its
 memory, which is what makes the CPU evaluations (QA over many questions, sweeps) affordable.
+
+A layer with attention features (`features.LayerFeatures`: window, soft-capping, sinks) runs the banded mode with
+them: the window joins the token mask, soft-capping applies to the scores, the sinks join the denominator.
 """
 
 from __future__ import annotations
@@ -19,20 +22,24 @@ import torch
 
 from ..block_table import BlockTable
 from .base import BlockLists
+from .features import PLAIN, LayerFeatures, cap_scores, masked_probabilities
 
 BAND_ROWS = 512  # query rows per band in the banded mode
 
 
 def expand_block_mask(blocks: torch.Tensor, table: BlockTable, rows: slice | None = None,
-                      keys: int | None = None) -> torch.Tensor:
+                      keys: int | None = None, window: int | None = None) -> torch.Tensor:
     """Boolean [..., M, N] block mask → [..., R, K] token mask for query rows `rows` (default all) and the first
-    `keys` keys (default all), intersected with causality."""
+    `keys` keys (default all), intersected with causality (and a sliding window)."""
     row_block, key_block = table.to(blocks.device).token_blocks()
     rows = rows or slice(0, table.seq_len)
     keys = table.seq_len if keys is None else keys
     mask = blocks[..., row_block[rows], :][..., key_block[:keys]]
     pos = torch.arange(table.seq_len, device=blocks.device)
-    return mask & (pos[None, :keys] <= pos[rows, None])
+    seen = pos[None, :keys] <= pos[rows, None]
+    if window is not None:
+        seen &= pos[None, :keys] > pos[rows, None] - window
+    return mask & seen
 
 
 def block_sparse_attention(
@@ -43,8 +50,13 @@ def block_sparse_attention(
     scale: float,
     return_lse: bool = False,
     compute_dtype: torch.dtype = torch.float32,
+    features: LayerFeatures = PLAIN,
 ):
     """q [H, L, D], k/v [H_kv, L, D] → out [H, L, D] (q's dtype), optionally lse [H, L] (fp32, natural log)."""
+    if not features.plain:
+        if return_lse:
+            raise ValueError("the log-sum-exp of a layer with attention features is not computed")
+        return banded_block_sparse_attention(q, k, v, blocks, scale, BAND_ROWS, compute_dtype, features)
     H, L, D = q.shape
     H_kv = k.shape[0]
     if H % H_kv:
@@ -76,9 +88,10 @@ def block_sparse_attention(
 
 
 def banded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists,
-                                  scale: float, rows: int = BAND_ROWS, compute_dtype=torch.float32) -> torch.Tensor:
+                                  scale: float, rows: int = BAND_ROWS, compute_dtype=torch.float32,
+                                  features: LayerFeatures = PLAIN) -> torch.Tensor:
     """`block_sparse_attention` (without LSE) a band of `rows` query rows at a time: q [H, L, D], k/v [H_kv, L, D]
-    → out [H, L, D] in q's dtype."""
+    → out [H, L, D] in q's dtype, with the layer's attention features."""
     H, L, _ = q.shape
     group = H // k.shape[0]
     mask = blocks.dense_mask().to(q.device)  # [H, M, N]
@@ -90,8 +103,9 @@ def banded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     for r0 in range(0, L, rows):
         r1 = min(L, r0 + rows)
         s = torch.matmul(q[:, r0:r1].to(compute_dtype), kf[:, :r1].transpose(1, 2)).mul_(scale)  # [H, R, r1]
-        s.masked_fill_(~expand_block_mask(mask, blocks.table, slice(r0, r1), r1), float("-inf"))
-        out[:, r0:r1] = torch.matmul(torch.softmax(s, dim=-1), vf[:, :r1]).to(q.dtype)
+        allowed = expand_block_mask(mask, blocks.table, slice(r0, r1), r1, features.window)
+        probs = masked_probabilities(cap_scores(s, features.softcap), allowed, features.sinks)
+        out[:, r0:r1] = torch.matmul(probs.to(compute_dtype), vf[:, :r1]).to(q.dtype)
     return out
 
 
@@ -105,7 +119,7 @@ class ReferenceBackend:
         self.compute_dtype = compute_dtype
         self.rows = rows
 
-    def forward(self, q, k, v, blocks, scale, return_lse=False):
+    def forward(self, q, k, v, blocks, scale, return_lse=False, features: LayerFeatures = PLAIN):
         if self.rows is not None and not return_lse:
-            return banded_block_sparse_attention(q, k, v, blocks, scale, self.rows, self.compute_dtype)
-        return block_sparse_attention(q, k, v, blocks, scale, return_lse, self.compute_dtype)
+            return banded_block_sparse_attention(q, k, v, blocks, scale, self.rows, self.compute_dtype, features)
+        return block_sparse_attention(q, k, v, blocks, scale, return_lse, self.compute_dtype, features)

@@ -4,6 +4,7 @@ function and rendering its result with rich or as one JSON object. Errors the us
 - `profile`  sift profile
 - `shards`   sift inspect, validate, status, ids, index, sample-corpus
 - `prefill`  sift prefill, demo-prefill
+- `check`    sift check-model
 - `eval`     sift eval recall | build-qa | qa | sweep | storage, sift calibrate
 - `bench`    sift bench kernels | profile | prefill
 
@@ -20,7 +21,7 @@ from rich.markup import escape
 
 from ..errors import SiftError, debug_enabled, error_line
 from ..output_dirs import disk_full_error, is_disk_full
-from . import prefill, profile, shards
+from . import check, prefill, profile, shards
 from .bench import bench_app
 from .console import Interrupted, OutputClosed, err
 from .eval import calibrate, eval_app
@@ -36,6 +37,7 @@ app.command()(shards.ids)
 app.command()(shards.index)
 app.command()(prefill.prefill)
 app.command("demo-prefill", hidden=True)(prefill.demo_prefill)
+app.command("check-model")(check.check_model)
 app.add_typer(bench_app, name="bench")
 app.command("sample-corpus")(shards.sample_corpus)
 app.add_typer(eval_app, name="eval")

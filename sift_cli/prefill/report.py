@@ -14,6 +14,7 @@ from ..attention.base import BlockLists
 from ..block_lists import cell_density, cells_of_documents, cells_over_allowed, computed_cells
 from ..errors import SiftError
 from ..layout import PromptBits
+from ..model_features import features_of
 from ..models import LoadedModel
 from .assemble import Prompt
 from .generate import greedy_generate
@@ -73,7 +74,7 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
 
     progress: optional callable(done, total) called after every forward. Unset repeat and warmup take the
     device's defaults (`timing_defaults`)."""
-    backend = get_backend(opts.backend, lm.device)
+    backend = get_backend(opts.backend, lm.device, features_of(lm.model).for_length(len(prompt.input_ids)))
     opts = for_prompt(with_device_defaults(opts, lm.device), backend, lm.head_dim, prompt.bits)
     decoder = choose_decoder(lm.device)
     ids = torch.tensor([prompt.input_ids], device=lm.device)

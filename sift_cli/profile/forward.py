@@ -17,9 +17,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..attention.features import call_features, dense_featured, for_length
 from ..attention.swap import swapped_attention
 from ..config import ProfileConfig
 from ..errors import SiftError
+from ..model_features import features_of
 from .batches import padded_batch, to_device
 from .doc_bits import DocBits, batch_doc_bits
 from .statistics import doc_attention_bits
@@ -62,14 +64,24 @@ def causal_sdpa(query, key, value, scaling):
     return F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling)
 
 
+def model_attention(query, key, value, scaling, feats):
+    """The layer's dense attention output as the model defines it: `causal_sdpa` for a plain layer, else with its
+    window, soft-cap and sinks (`attention.features`)."""
+    return causal_sdpa(query, key, value, scaling) if feats.plain else dense_featured(query, key, value, scaling,
+                                                                                      feats)
+
+
 def _profile_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention for the profiling forward: SDPA output plus per-document statistics."""
     st: _BatchState = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    out = causal_sdpa(query, key, value, scaling)
+    feats = for_length(call_features(kwargs), key.shape[2])
+    out = model_attention(query, key, value, scaling, feats)
     layer = module.layer_idx
     if st.fast:
+        if not feats.plain:  # resolve_stats chose torch for such a batch; never compute other statistics
+            raise SiftError(f"the Triton statistics do not compute {', '.join(feats.names())}")
         from .triton_statistics import batch_attention_stats
 
         n_max = max(st.doc_lengths)
@@ -82,7 +94,7 @@ def _profile_attention(module, query, key, value, attention_mask, scaling=None, 
                               st.la_raw[:, layer], st.cnt_raw[:, layer])
         return out.transpose(1, 2).contiguous(), None
     for b, n in enumerate(st.doc_lengths):
-        la, ca = doc_attention_bits(query[b], key[b], st.prefix_len, n, scaling, st.cfg)
+        la, ca = doc_attention_bits(query[b], key[b], st.prefix_len, n, scaling, st.cfg, feats)
         st.la[b][layer], st.ca[b][layer] = la, ca
     if st.on_layer is not None:
         st.on_layer(layer + 1)
@@ -109,8 +121,10 @@ def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cf
     device = next(model.parameters()).device
     rows = padded_batch(prefix_ids, docs)
     n_layers = model.config.num_hidden_layers
-    fast = cfg.rule == "paper" and resolve_stats(cfg.stats, device) == "triton"
     lengths = [len(d) for d in docs]
+    feats = features_of(model)  # a window longer than the batch's rows hides nothing: auto may take triton then
+    names = feats.names() if cfg.stats == "triton" else feats.for_length(len(prefix_ids) + max(lengths)).names()
+    fast = cfg.rule == "paper" and resolve_stats(cfg.stats, device, names) == "triton"
     lengths_dev = to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
     st = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev,
                      on_layer=None if fast else on_layer)
@@ -129,12 +143,17 @@ def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cf
     return lambda: bits
 
 
-def resolve_stats(stats: str, device: torch.device) -> str:
-    """The statistics path to run: 'torch' or 'triton' ('auto': triton on CUDA when importable)."""
+def resolve_stats(stats: str, device: torch.device, features: list[str] = ()) -> str:
+    """The statistics path to run: 'torch' or 'triton' ('auto': triton on CUDA when importable). features: the
+    model's attention extras (`ModelFeatures.names`); the Triton kernels compute plain causal attention only, so
+    'auto' takes the torch path for such a model and 'triton' is refused."""
     from .triton_statistics import usable_on
 
     dev = torch.device(device)
-    if stats == "torch" or (stats == "auto" and dev.type != "cuda"):
+    if stats == "triton" and features:
+        raise SiftError(f"--stats triton computes plain causal attention; this model has {', '.join(features)}: "
+                        "use --stats torch (or auto)")
+    if stats == "torch" or (stats == "auto" and (dev.type != "cuda" or features)):
         return "torch"
     usable = usable_on(dev)
     if stats == "triton" and not usable:

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ...attention.features import call_features, for_length
 from ...attention.swap import swapped_attention
 from ...bits import pack_doc
 from ...config import CPU_DEFAULTS, device_defaults
 from ...errors import SiftError
 from ...profile.batches import padded_batch, plan_batches
-from ...profile.forward import causal_sdpa
+from ...profile.forward import model_attention
 from ...profile.statistics import doc_mass_bits_grid
 from .sweep import SweepContext
 
@@ -58,11 +59,12 @@ def _mass_attention(module, query, key, value, attention_mask, scaling=None, dro
     st = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    feats = for_length(call_features(kwargs), key.shape[2])  # the layer's window, soft-cap and sinks
     for b, n in enumerate(st["lengths"]):
         la, ca = doc_mass_bits_grid(query[b], key[b], st["prefix_len"], n, scaling, st["tile"], st["epsilons"],
-                                    st["ca_epsilons"], st["budget"])
+                                    st["ca_epsilons"], st["budget"], feats)
         st["la"][b][module.layer_idx], st["ca"][b][module.layer_idx] = la.cpu(), ca.cpu()
-    return causal_sdpa(query, key, value, scaling).transpose(1, 2).contiguous(), None
+    return model_attention(query, key, value, scaling, feats).transpose(1, 2).contiguous(), None
 
 
 @torch.inference_mode()

@@ -11,7 +11,8 @@ import threading
 import torch
 
 from ...attention.swap import swapped_attention
-from ...profile.forward import causal_sdpa
+from ...attention.features import call_features
+from ...profile.forward import model_attention
 
 ATTN_NAME = "sift_eval_probe"
 _local = threading.local()
@@ -23,7 +24,7 @@ def _probe_attention(module, query, key, value, attention_mask, scaling=None, dr
     callback = getattr(_local, "callback", None)
     if callback is not None and query.shape[2] == key.shape[2]:
         callback(module.layer_idx, query[0], key[0], scaling)
-    return causal_sdpa(query, key, value, scaling).transpose(1, 2).contiguous(), None
+    return model_attention(query, key, value, scaling, call_features(kwargs)).transpose(1, 2).contiguous(), None
 
 
 def attention_probe(model, callback):

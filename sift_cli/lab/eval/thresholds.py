@@ -25,7 +25,8 @@ from ...attention.swap import swapped_attention
 from ...bits import n_pages
 from ...config import CPU_DEFAULTS
 from ...profile.batches import padded_batch, plan_batches
-from ...profile.forward import causal_sdpa
+from ...attention.features import PLAIN, call_features
+from ...profile.forward import model_attention
 from ...profile.statistics import band_tile_max, probability_bands
 
 ATTN_NAME = "sift_eval_stats"
@@ -42,7 +43,7 @@ class DocStats:
 
 
 def doc_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
-              betas: tuple[float, ...], budget: int = CPU_DEFAULTS.stats_budget_bytes
+              betas: tuple[float, ...], budget: int = CPU_DEFAULTS.stats_budget_bytes, feats=PLAIN
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """tile_max [H, P, P] and page_conc [nβ, H, P] of one document (q [H, S, D], k [H_kv, S, D], post-RoPE)."""
     H = q.shape[0]
@@ -50,7 +51,7 @@ def doc_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, sca
     dev = q.device
     tmax = torch.full((H, P, P), -1.0, device=dev)
     counts = torch.zeros(len(betas), H, n_doc, dtype=torch.int32, device=dev)
-    for h0, h1, r0, doc, causal in probability_bands(q, k, prefix_len, n_doc, scale, T, budget):
+    for h0, h1, r0, doc, causal in probability_bands(q, k, prefix_len, n_doc, scale, T, budget, feats):
         tm = band_tile_max(doc, causal, T)  # causal cells only: any α, zero included, can be applied later
         tmax[h0:h1, r0 // T: r0 // T + tm.shape[1], : tm.shape[2]] = tm
         for bi, beta in enumerate(betas):
@@ -60,6 +61,8 @@ def doc_stats(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, sca
             counts[bi, h0:h1, : doc.shape[2]] += high.sum(1, dtype=torch.int32)
         del doc, tm
     visible = (n_doc - torch.arange(n_doc, device=dev)).float()
+    if feats.window is not None:
+        visible.clamp_(max=feats.window)
     conc = counts.float() / visible  # [nβ, H, n] — the same expression profile.py compares with γ
     conc = F.pad(conc, (0, P * T - n_doc), value=-1.0).view(len(betas), H, P, T).amax(-1)
     return tmax, conc
@@ -80,9 +83,10 @@ def _stats_attention(module, query, key, value, attention_mask, scaling=None, dr
     st: _State = _state.current
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    out = causal_sdpa(query, key, value, scaling)
+    feats = call_features(kwargs)
+    out = model_attention(query, key, value, scaling, feats)
     for b, n in enumerate(st.lengths):
-        tm, pc = doc_stats(query[b], key[b], st.prefix_len, n, scaling, st.tile, st.betas, st.budget)
+        tm, pc = doc_stats(query[b], key[b], st.prefix_len, n, scaling, st.tile, st.betas, st.budget, feats)
         st.tmax[b][module.layer_idx] = tm.cpu()
         st.conc[b][module.layer_idx] = pc.cpu()
     return out.transpose(1, 2).contiguous(), None
