@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import SiftError
-from .console import err, fmt, out, print_json
+from .console import err, fmt, out
 from .options import DataOpt, JsonOpt, PlotOpt
-from .results import finish
+from .results import SaveOpt, finish
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks measured side by side in one run.")
 
@@ -20,20 +20,40 @@ bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchm
 @bench_app.command("kernels")
 def bench_kernels(
     quick: bool = typer.Option(False, "--quick", help="fewer lengths and densities"),
-    markdown: bool = typer.Option(False, "--markdown", help="print the table as Markdown (for docs/benchmarks.md)"),
+    lengths: Optional[str] = typer.Option(None, "--lengths", help="e.g. 16k,32k (default 16k,32k,64k; --quick 16k)"),
+    timing: str = typer.Option("graph", "--timing", help="graph: GPU time of CUDA-graph replays, as the prefill "
+                                                          "experiments run the kernels; eager: CUDA events around "
+                                                          "launches; both: each row twice, labelled"),
+    layouts: str = typer.Option("causal,documents", "--layouts", help="causal and/or documents"),
+    flex: bool = typer.Option(True, "--flex/--no-flex", help="FlexAttention on the same document-aligned blocks"),
+    decode: bool = typer.Option(True, "--decode/--no-decode", help="the bit-vector decode rows"),
+    markdown: bool = typer.Option(False, "--markdown", help="print the table as Markdown"),
+    save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
-    """Sparse attention kernel vs cuDNN SDPA (dense causal) vs FlexAttention, and the decode kernel (GPU)."""
+    """Sparse attention kernel vs cuDNN SDPA (dense causal) vs FlexAttention (its block mask built from the same
+    document-aligned block table, compiled once per layout), and the decode kernel (GPU). Each row says how it was
+    timed (`timing`)."""
     from ..lab.bench import attention_kernels as kb
 
-    rows = kb.run_kernel_bench(quick=quick, log=(lambda *a, **k: None) if as_json
-                               else (lambda m: err.print(escape(str(m)))))
-    if as_json:
-        print_json(rows)
-    elif markdown:
-        out.print(kb.markdown(rows), markup=False)
-    else:
-        out.print(kb.render(rows))
+    if timing not in ("graph", "eager", "both"):
+        raise SiftError(f"--timing {timing!r}: expected graph, eager or both")
+    chosen = {x.strip() for x in layouts.split(",") if x.strip()}
+    if not chosen or chosen - {"causal", "documents"}:
+        raise SiftError(f"--layouts {layouts!r}: expected causal and/or documents")
+    rows = kb.run_kernel_bench(quick=quick, lengths=tuple(_lengths(lengths)) if lengths else None,
+                               timings=("graph", "eager") if timing == "both" else (timing,),
+                               causal="causal" in chosen, documents="documents" in chosen, flex=flex, decode=decode,
+                               log=(lambda *a, **k: None) if as_json else (lambda m: err.print(escape(str(m)))))
+    result = {"rows": rows, "protocol": kb.protocol(timing)}
+
+    def show(res):
+        if markdown:
+            out.print(kb.markdown(res["rows"]), markup=False)
+        else:
+            out.print(kb.render(res["rows"]))
+
+    finish(result, save, None, None, as_json, show, kind="bench-kernels")
 
 
 @bench_app.command("profile")
@@ -43,6 +63,7 @@ def bench_profile(
     device: str = typer.Option("cuda", "--device"),
     quick: bool = typer.Option(False, "--quick", help="fewer documents per case"),
     cases: str = typer.Option("nq,essays,8b-2k,8b-8k", "--cases", help="comma-separated subset"),
+    save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """Dense prefill vs the whole `sift profile` run (each statistics path) on the same documents."""
@@ -51,10 +72,8 @@ def bench_profile(
     rows = bp.run_profile_bench(data_dir=data_dir, device=device, quick=quick,
                                 cases=tuple(c.strip() for c in cases.split(",") if c.strip()),
                                 log=(lambda *a, **k: None) if as_json else (lambda m: err.print(escape(str(m)))))
-    if as_json:
-        print_json(rows)
-    else:
-        out.print(bp.render(rows))
+    finish({"rows": rows}, save, None, None, as_json, lambda res: out.print(bp.render(res["rows"])),
+           kind="bench-profile")
     failed = bp.failures(rows)
     for line in failed:
         err.print(f"[red]failed[/]: {escape(line)}")
@@ -95,7 +114,7 @@ def bench_prefill(
                                                               "its serving store inside each timed prefill"),
     corpus_dir: Optional[Path] = typer.Option(None, "--corpus-dir", help="where that set is built, or reused from "
                                                                          "(default: a temporary folder, removed)"),
-    save: Optional[Path] = typer.Option(None, "--save"),
+    save: Optional[Path] = SaveOpt,
     plot: Optional[Path] = PlotOpt,
     as_json: bool = JsonOpt,
 ):
@@ -109,7 +128,7 @@ def bench_prefill(
                  model, cpu_smoke, log=log, cuda_graphs=cuda_graphs, query_blocks=query_blocks,
                  unprofiled=unprofiled, block_ms=_block_ms(block_m), corpus_docs=corpus_docs, corpus_dir=corpus_dir)
     finish(result, save, plot, "plot_bench", as_json, lambda res: render_bench(res["rows"], res["cpu_smoke"]),
-           plot_of=lambda res: res["rows"])
+           plot_of=lambda res: res["rows"], kind="bench-prefill")
 
 
 @bench_app.command("store")
@@ -126,7 +145,7 @@ def bench_store(
     workers: int = typer.Option(2, "--workers", help="processes writing a set"),
     scans: bool = typer.Option(True, "--scans/--no-scans", help="also time validate, inspect, ids --json and "
                                                                  "status --finalize"),
-    save: Optional[Path] = typer.Option(None, "--save"),
+    save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """Fetching a prompt's bits from sets of 10^4-10^6 documents: the serving store beside the Parquet reader (open,
@@ -148,7 +167,7 @@ def bench_store(
         for table in render(res):
             out.print(table)
 
-    finish(result, save, None, None, as_json, show)
+    finish(result, save, None, None, as_json, show, kind="bench-store")
 
 
 def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
