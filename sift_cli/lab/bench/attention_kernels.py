@@ -10,12 +10,15 @@ Two kinds of layouts:
 
 Throughput is counted over computed (query, key) pairs exactly: FLOPs = 4 · D · Σ causal pairs inside the listed
 blocks (2 GEMMs × 2 FLOPs per multiply-add); for the dense causal case this is 2·L²·D·H up to the diagonal's
-half, the convention of H200.md. Inputs are random bf16 laid out as the model lays them out ([L, heads, D]). FlexAttention gets its best shot: its
-block mask is built from the same document-aligned block table (`attention.flex_layout`), once per layout, and its
-compiled kernel is reused across calls; the gathers into its padded layout are part of its timed call.
+half, the convention of H200.md. Inputs are random bf16 laid out as the model lays them out ([L, heads, D]).
+
+FlexAttention gets its best shot: its block mask is built from the same document-aligned block table
+(`attention.flex_layout`) once per layout, its compiled kernel reused across calls; the gathers into its padded
+layout are part of its timed call. Its output is checked against the kernel's over every head (`agree`), and a
+disagreement above 1e-2 is flagged, not hidden.
+
 Each row says how it was timed (`timing`): "graph", the GPU time of CUDA-graph replays (no host launch overhead:
-how a graphed prefill runs the kernels), or "eager", CUDA events around launches; medians after warm-up. FlexAttention's output is checked against the
-kernel's over every head (`agree`), and a disagreement above 1e-2 is flagged, not hidden.
+how a graphed prefill runs the kernels), or "eager", CUDA events around launches; medians after warm-up.
 """
 
 from __future__ import annotations

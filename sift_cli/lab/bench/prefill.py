@@ -3,18 +3,25 @@ into attention / projections+MLP / metadata decode / metadata transfer, with GPU
 their bits: `prefill_cases.py`; one length's modes: `prefill_case_run.py`; the stand-ins and timing:
 `prefill_timing.py`; the energy meter: `energy.py`; CacheBlend's streamed KV: `host_kv.py`.
 
+One protocol per run, stated in each row (`protocol`, and `baseline_protocol`: how the full and no-attention runs
+its ratios divide by were timed): "eager" (every mode's forward launched eagerly) or, with `cuda_graphs`,
+"graphed" (full recompute, no-attention and SIFT, decode included, each captured once per prompt and its replays
+timed; `capture_ms` apart). Full and no-attention are timed interleaved run by run, SIFT right after, all warm;
+each mode's energy comes from the same callable as its time. CacheBlend is not captured (its KV streams from host
+memory on a side stream): it is measured in eager runs only.
+
 Modes and their split
 - `full`: the model's own forward, SDPA pinned to cuDNN (falls back, and says so, when cuDNN refuses);
 - `no-attention`: the same forward with attention replaced by a free identity — the projections+MLP time
   (everything but attention); `attention_ms = TTFT − no-attention` for the other modes;
 - `sift-<backend>`: metadata transfer (bit vectors host→GPU), decode (bits → CSR lists over the prompt's
   document-aligned block table, plus the backend's own preparation), and the forward with block-sparse
-  attention. `ideal_ms` is the full TTFT minus the skipped share (1 − cell density) of full attention time;
-  `cells_over_allowed` is SPEC §6's fidelity measure (causal pairs computed over pairs the bits allow);
-- with `cuda_graphs`, `full` and `sift-<backend>` are each captured once per prompt (SIFT's decode included) and
-  their replays timed; the capture is reported apart (`capture_ms`); each graph copies the prompt's ids (SIFT's
-  also its bits) from pinned memory each replay restages first, so `transfer_ms` is SIFT's host staging, already
-  in each replay's TTFT;
+  attention. Two ideals: `ideal_ms`, full TTFT minus the share of full attention time the bits skip (1 − the
+  density of the pairs the bits allow, `allowed_density`): a perfect kernel on perfect blocks; and
+  `ideal_computed_ms`, the same at the density of the cells our blocks compute (`cell_density`), which leaves
+  out what block geometry costs. `cells_over_allowed` (SPEC §6's fidelity measure) is their ratio of densities;
+- in the graphed protocol each graph copies the prompt's ids (SIFT's also its bits) from pinned memory each replay
+  restages first, so `transfer_ms` is SIFT's host staging, already in each replay's TTFT;
 - `cacheblend`: the blended forward of `eval.kvreuse` (layer 0 full, ~15% of tokens from layer 1 on; the released
   code's bottom-right mask, which is what its fast kernel computes), reused KV streamed per layer from pinned host
   memory on a side stream (pipelined, as CacheBlend loads layer l+1 while computing layer l); `compute_ms` is the
@@ -50,8 +57,9 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
     ms) measured earlier on the same model and length — full recompute is then not re-run."""
     run = CaseRun(case, repeat, warmup, energy, block_ms[0], block_n, ratio, ssd_gbps, log, cuda_graphs=cuda_graphs,
                   query_blocks=query_blocks)
-    if baseline is not None:
-        run.full, run.rest = baseline
+    if baseline is not None:  # (full, rest[, the protocol they were timed in])
+        run.full, run.rest = baseline[:2]
+        run.baseline_protocol = baseline[2] if len(baseline) > 2 else None
     else:
         run.full_recompute(dense_kernel)
     if "sift" in modes:
@@ -86,7 +94,8 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
     out = {}
     for r in rows:
         key = (r["model"], r["pattern"], r["tokens"])
-        e = out.setdefault(key, {"model": r["model"], "pattern": r["pattern"], "tokens": r["tokens"]})
+        e = out.setdefault(key, {"model": r["model"], "pattern": r["pattern"], "tokens": r["tokens"],
+                                 "protocol": r.get("protocol")})
         if "error" in r:
             e[r["mode"]] = f"error: {r['error'][:60]}"
             continue
@@ -96,6 +105,7 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
         if r["mode"].startswith("sift"):
             e[f"{r['mode']}_speedup"] = r.get("speedup")
             e[f"{r['mode']}_over_ideal"] = r.get("ttft_over_ideal")
+            e[f"{r['mode']}_over_ideal_computed"] = r.get("ttft_over_ideal_computed")
             e["cell_density"] = r.get("cell_density")
             e["cells_over_allowed"] = r.get("cells_over_allowed")
     return list(out.values())
@@ -233,4 +243,18 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                      ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log, cuda_graphs=cuda_graphs,
                      query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms, corpus_docs=corpus_docs,
                      corpus_dir=corpus_dir)
-    return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke}
+    return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke, "protocol": protocol(cuda_graphs)}
+
+
+def protocol(cuda_graphs: bool) -> dict:
+    """What one run's rows share: how every mode was timed."""
+    if cuda_graphs:
+        how = ("graphed: full recompute, no-attention and SIFT (decode included) each captured once per prompt as a "
+               "CUDA graph, replays timed; CacheBlend not captured, so not measured")
+    else:
+        how = "eager: every mode's forward launched eagerly"
+    return {"timing": "graphed" if cuda_graphs else "eager", "description": how + "; full and no-attention "
+            "interleaved run by run, then each SIFT mode and CacheBlend, warm; wall clock from an idle device, "
+            "medians; energy from the same callable as the time",
+            "ideal": "ideal_ms: full − (1 − allowed_density) × attention (the cells the bits select); "
+                     "ideal_computed_ms: the same at cell_density (the cells computed)"}
