@@ -5,7 +5,8 @@ function and rendering its result with rich or as one JSON object. Errors the us
 - `shards`   sift inspect, validate, status, ids, index, sample-corpus
 - `prefill`  sift prefill, demo-prefill
 - `eval`     sift eval recall | build-qa | qa | sweep | storage, sift calibrate
-- `bench`    sift bench kernels | profile | prefill
+- `bench`    sift bench kernels | profile | prefill | store
+- `report`   sift report (the docs' tables from committed results)
 
 Commands import the library and the lab when they run, so that `sift --help` does not load torch.
 """
@@ -18,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import SiftError, debug_enabled, error_line
-from . import prefill, profile, shards
+from . import prefill, profile, report, shards
 from .bench import bench_app
 from .console import Interrupted, err
 from .eval import calibrate, eval_app
@@ -38,6 +39,7 @@ app.add_typer(bench_app, name="bench")
 app.command("sample-corpus")(shards.sample_corpus)
 app.add_typer(eval_app, name="eval")
 app.command("calibrate")(calibrate)
+app.command("report")(report.report)
 
 
 def main() -> None:
