@@ -112,21 +112,27 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
 
 
 def _run_cases(cases, emit, out_of_time, log, host_kv_for=None, empty_cache: bool = False, **case_kw) -> None:
-    """Every case of one model: skipped once the time budget is spent; a failing case is a row, not an end.
-    host_kv_for(case): CacheBlend's reused KV for the case (None: made per case); empty_cache: free the GPU's
-    cached blocks after each case."""
+    """Every case of one model: skipped once the time budget is spent, or when the last case's time scaled to this
+    one's length (by the length ratio to the power 1.8: attention grows with its square) would overrun it
+    (out_of_time(seconds needed)); a failing case is a row, not an end. host_kv_for(case): CacheBlend's reused KV
+    for the case (None: made per case); empty_cache: free the GPU's cached blocks after each case."""
+    last = None  # (tokens, seconds) of the last case run
     for case in cases:
-        if out_of_time():
-            emit([{"model": case.label, "pattern": case.pattern, "tokens": len(case.input_ids), "mode": "all",
+        n = len(case.input_ids)
+        need = 0.0 if last is None else last[1] * (n / last[0]) ** 1.8
+        if out_of_time(need):
+            emit([{"model": case.label, "pattern": case.pattern, "tokens": n, "mode": "all",
                    "error": "skipped: time budget"}])
             continue
+        t0 = time.perf_counter()
         host_kv = host_kv_for(case) if host_kv_for else None
         try:
             emit(run_case(case, host_kv=host_kv, log=log, **case_kw))
         except Exception as exc:  # one case failing must not lose the others
-            emit([{"model": case.label, "pattern": case.pattern, "tokens": len(case.input_ids), "mode": "all",
+            emit([{"model": case.label, "pattern": case.pattern, "tokens": n, "mode": "all",
                    "error": error_line(exc, 200)}])
-            log(f"  case {len(case.input_ids)} failed: {exc}")
+            log(f"  case {n} failed: {exc}")
+        last = (n, time.perf_counter() - t0)
         if empty_cache:
             torch.cuda.empty_cache()
 
@@ -153,8 +159,8 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
         if on_rows:
             on_rows(new)
 
-    def out_of_time():
-        return deadline is not None and time.perf_counter() > deadline
+    def out_of_time(need: float = 0.0):
+        return deadline is not None and time.perf_counter() + need > deadline
 
     smol = None
 
@@ -220,10 +226,12 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                   backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
                   ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
                   log=print, cuda_graphs: bool = False, query_blocks: str = "auto", unprofiled: int = 0,
-                  block_ms=(None,), corpus_docs: int = 0, corpus_dir=None) -> dict:
+                  block_ms=(None,), corpus_docs: int = 0, corpus_dir=None, deadline: float | None = None,
+                  on_rows=None) -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
     pass (lengths capped at 512, at most two; 128-token documents). corpus_docs: see `run_bench`; without a
-    `corpus_dir` the set is built in a temporary folder, removed at the end."""
+    `corpus_dir` the set is built in a temporary folder, removed at the end. deadline (time.perf_counter()):
+    lengths not started by then are rows saying so; on_rows(new rows) after each length."""
     require_gpu(cpu_smoke)
     if cpu_smoke:
         lengths = [min(x, 512) for x in lengths][:2]
@@ -236,13 +244,13 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
         try:
             return bench_prefill(models, lengths, pattern, doc_tokens, modes, backends, repeat, warmup, energy, ratio,
                                  ssd_gbps, data, smol_model, cpu_smoke, log, cuda_graphs, query_blocks, unprofiled,
-                                 block_ms, corpus_docs, corpus_dir)
+                                 block_ms, corpus_docs, corpus_dir, deadline, on_rows)
         finally:
             shutil.rmtree(corpus_dir, ignore_errors=True)
     rows = run_bench(models, lengths, pattern, doc_tokens, tuple(modes), tuple(backends), repeat, warmup, energy,
-                     ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log, cuda_graphs=cuda_graphs,
-                     query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms, corpus_docs=corpus_docs,
-                     corpus_dir=corpus_dir)
+                     ratio, ssd_gbps, data, smol_model, cpu_smoke, deadline=deadline, log=log, on_rows=on_rows,
+                     cuda_graphs=cuda_graphs, query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms,
+                     corpus_docs=corpus_docs, corpus_dir=corpus_dir)
     return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke, "protocol": protocol(cuda_graphs)}
 
 

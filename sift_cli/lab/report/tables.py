@@ -20,7 +20,7 @@ def prefill(result: dict) -> str:
         full, rest, blend = modes.get("full", {}), modes.get("no-attention", {}), modes.get("cacheblend", {})
         sifts = [m for m in modes if str(m).startswith("sift")] or [None]
         for mode in sifts:
-            s = modes.get(mode, {}) if mode else {}
+            s = modes.get(mode, {}) if mode else modes.get("all", {})  # "all": the case failed or was skipped
             out.append([model, tokens(n), s.get("protocol") or full.get("protocol", "–"),
                         num(full.get("ttft_ms")), num(rest.get("ttft_ms")), pct(full.get("attention_share")),
                         mode or "–", s.get("error", num(s.get("ttft_ms")))[:60], ratio(s.get("speedup"), 2),
@@ -36,7 +36,7 @@ def prefill(result: dict) -> str:
 
 def _attention(rows, documents: bool):
     """The sparse implementations' rows on document layouts (`documents`) or on causal ones."""
-    return [r for r in rows if r.get("kind") == "attention" and r.get("impl") != "cuDNN SDPA"
+    return [r for r in _ok(rows) if r.get("kind") == "attention" and r.get("impl") not in (None, "cuDNN SDPA")
             and (r.get("layout", "causal") != "causal") == documents]
 
 
@@ -51,7 +51,7 @@ def _grouped(rows):
 
 
 def _cudnn(rows, H, D, L, timing):
-    for r in rows:
+    for r in _ok(rows):
         if (r.get("impl") == "cuDNN SDPA" and r["H"] == H and r["D"] == D and r["L"] == L
                 and r.get("timing", "eager") == timing):
             return r
@@ -91,7 +91,7 @@ def kernels_causal(result: dict) -> str:
 def decode(result: dict) -> str:
     out = [[f"{r['layers']}×{r['heads']}", tokens(r["L"]), r.get("timing", "–"), num(r.get("ctas")),
             num(r.get("ms_per_layer"), 4), num(r.get("ms_all_layers"), 3)]
-           for r in result["rows"] if r.get("kind") == "decode"]
+           for r in _ok(result["rows"]) if r.get("kind") == "decode"]
     return table(["layers × heads", "L", "timing", "CTAs", "ms / layer", "ms, all layers"], out)
 
 
