@@ -73,6 +73,8 @@ def kernels_phase(out: Path, args, deadline: float, log) -> None:
     lengths = _lengths(args.kernel_lengths)
     command = f"sift bench kernels --lengths {','.join(_k(n) for n in lengths)} --timing graph " \
               "--save docs/results/kernels.json"
+    config = {"configuration": {"shapes (H, H_kv, D)": [list(x) for x in kb.SHAPES], "densities": [1.0, 0.1],
+                                "block_m": [128, 64], "block_n": [64], "flex": f"document layouts, L <= {args.flex_max}"}}
     rows: list = []
     if not torch.cuda.is_available():
         rows.append({"kind": "attention", "error": "needs a CUDA GPU (Hopper)"})
@@ -82,11 +84,12 @@ def kernels_phase(out: Path, args, deadline: float, log) -> None:
                 rows.append({"kind": "attention", "L": L, "error": "skipped: time budget"})
                 continue
             rows += kb.run_kernel_bench(lengths=(L,), densities=(1.0, 0.1), block_ns=(64,), block_ms=(128, 64),
-                                        flex=L <= args.flex_max, decode=False, log=log, timings=("graph",))
-            write(out, "kernels", "bench-kernels", rows, kb.protocol("graph"), command, {"partial": True})
+                                        flex=L <= args.flex_max, flex_causal=False, decode=False, log=log,
+                                        timings=("graph",))
+            write(out, "kernels", "bench-kernels", rows, kb.protocol("graph"), command, {**config, "partial": True})
         if time.perf_counter() < deadline:
             rows += bench_decode(lengths=(15360, 32768, 65536), log=log, timings=("graph",))
-    write(out, "kernels", "bench-kernels", rows, kb.protocol("graph"), command)
+    write(out, "kernels", "bench-kernels", rows, kb.protocol("graph"), command, config)
 
 
 def profile_phase(out: Path, args, log) -> None:

@@ -236,9 +236,10 @@ def _attention_rows(q, k, v, blocks: BlockLists, layout: str, scale: float, cudn
 def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities=None, block_ns=BLOCK_NS,
                      block_ms=BLOCK_MS, flex: bool = True, decode: bool = True, documents: bool = True,
                      time_budget_s: float | None = None, log=print, checkpoint=None, timings=("graph",),
-                     causal: bool = True) -> list[dict]:
+                     causal: bool = True, flex_causal: bool = True) -> list[dict]:
     """All rows of the kernel table (docs/benchmarks.md). quick: L = 16K only and densities 100% / 10%. timings:
-    "graph" and/or "eager" (`TIMINGS`), one row per implementation each."""
+    "graph" and/or "eager" (`TIMINGS`), one row per implementation each. flex_causal: FlexAttention on the causal
+    layouts too (each layout compiles Flex anew), not only on the document ones."""
     if not torch.cuda.is_available():
         raise SiftError("sift bench kernels needs a CUDA GPU (Hopper for the bundled kernels)")
     lengths = lengths or ((16384,) if quick else LENGTHS)
@@ -266,8 +267,8 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
                     blocks = random_block_lists(table, H, dens, seed=L + bn)
                     base = dict(kind="attention", layout="causal", H=H, H_kv=H_kv, D=D, L=L, block_m=bm, block_n=bn,
                                 density=blocks.density())
-                    rows += _attention_rows(q, k, v, blocks, "causal", scale, cudnn_tflops, use_flex, base, log,
-                                            timings)
+                    rows += _attention_rows(q, k, v, blocks, "causal", scale, cudnn_tflops, use_flex and flex_causal,
+                                            base, log, timings)
                 if documents:
                     lo, hi = DOC_LENGTHS.get((H, H_kv, D), (300, 3000))
                     blocks, ratio, n_docs = document_case(H, L, bn, L + bn, (lo, hi), bm)

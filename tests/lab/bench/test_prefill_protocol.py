@@ -2,6 +2,7 @@
 full recompute and no-attention are both timed from "replays", the no-attention graph is captured with attention
 stood in, CacheBlend is left out with a reason, and every row states the protocol its baseline was timed in."""
 
+import pytest
 import torch
 
 from sift_cli.lab.bench import prefill_case_run as pcr
@@ -68,3 +69,20 @@ def test_graphed_rows_time_every_baseline_from_replays(monkeypatch):
     sift = modes["sift-gather"]
     assert sift["ideal_ms"] <= sift["ideal_computed_ms"]
     assert protocol(True)["timing"] == "graphed" and protocol(False)["timing"] == "eager"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_protocol_on_a_gpu():
+    """The real captures on a tiny 8B-shaped model: every row graphed, its baselines too; the eager run beside it
+    the same in eager."""
+    for graphed in (True, False):
+        case = next(iter(llama_cases([1024], "paper", 256, 64, None, "cuda", CPU_SMOKE_LLAMA)))
+        with torch.inference_mode():
+            rows = run_case(case, backends=("auto",), repeat=2, warmup=1, energy=False, cuda_graphs=graphed,
+                            log=lambda *a: None)
+        want = "graphed" if graphed else "eager"
+        ok = [r for r in rows if "error" not in r]
+        assert {r["mode"] for r in ok} >= {"full", "no-attention"} and any(r["mode"].startswith("sift") for r in ok)
+        for r in ok:
+            assert r["protocol"] == want and r["baseline_protocol"] == want, r
