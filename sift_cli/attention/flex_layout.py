@@ -44,7 +44,10 @@ class FlexLayout:
         c = torch.arange(bn, device=dev)
         kv_ok = c[None, :] < table.kv_len.long()[:, None]
         kv_pos = table.kv_start.long()[:, None] + c[None, :]
-        return FlexLayout(q_src=q_pos.clamp(min=0), q_dest=torch.nonzero(q_ok.reshape(-1)).squeeze(1),
+        rows = torch.arange(table.seq_len, device=dev)
+        block = torch.searchsorted(table.q_start.long(), rows, right=True) - 1  # no host sync (graph capture)
+        q_dest = block * bm + rows - table.q_start.long()[block]
+        return FlexLayout(q_src=q_pos.clamp(min=0), q_dest=q_dest,
                           kv_src=torch.where(kv_ok, kv_pos, 0).reshape(-1), q_pos=q_pos.to(torch.int32),
                           kv_pos=torch.where(kv_ok, kv_pos, PAST_END).reshape(-1).to(torch.int32),
                           block_m=bm, block_n=bn)

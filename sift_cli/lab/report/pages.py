@@ -28,7 +28,8 @@ def block(pub: Published, results: Path) -> str:
     res = read_result(path)
     where = (f"From [`results/{pub.result}`](results/{pub.result}): `{res.get('command')}` at commit "
              f"`{res.get('commit') or 'unknown'}` on {res.get('device') or 'an unnamed device'}, "
-             f"{res.get('date') or 'undated'}.")
+             f"{res.get('date') or 'undated'}." + (" **A CPU smoke run: its timings mean nothing.**"
+                                                   if res.get("cpu_smoke") else ""))
     protocol = _protocol(res.get("protocol"))
     return where + (f" Protocol: {protocol}." if protocol else "") + "\n\n" + pub.render(res) + "\n"
 
