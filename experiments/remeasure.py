@@ -5,11 +5,15 @@ docs-tables`.
     SIFT_COMMIT=<hash> SIFT_DATA_DIR=<dir> PYTHONPATH=. python experiments/remeasure.py --out $OUT --budget 540
 
 Phases, in this order, each with a share of the budget it does not pass (a phase out of time writes what it has,
-the lengths it did not start as rows saying so): the 8B-shaped TTFT graphed, then eager (with CacheBlend and
-energy), the kernels (graph replays; Flex on the same blocks up to `--flex-max`), the decode, the bundled
+the lengths it did not start as rows saying so): the 8B-shaped TTFT at 8K–64K graphed, then eager (with CacheBlend
+and energy), the kernels (graph replays; Flex on the same blocks up to `--flex-max`), the decode, the bundled
 SmolLM2's prefill, profiling throughput. Each file records the `sift` command that measures the same thing alone.
-`--phases` and the length flags trim the run; `--cpu-smoke` runs a tiny functional pass without a GPU (timings
-meaningless, files marked `cpu_smoke`).
+`--phases` and the length flags trim the run; the 8B-shaped 128K prompts fit in a call of their own:
+
+    ... python experiments/remeasure.py --out $OUT --budget 540 --phases prefill-8b-graphed,prefill-8b-eager \
+        --lengths 128k --repeat 2 --tag 128k
+
+`--cpu-smoke` runs a tiny functional pass without a GPU (timings meaningless, files marked `cpu_smoke`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+TAG = ""  # --tag: appended to every file name (a second call's results beside the first's)
+
+
 def write(out: Path, name: str, kind: str, rows: list, protocol, command: str, extra: dict | None = None) -> Path:
     from sift_cli.lab.results import make_result, write_result
 
     obj = make_result(kind, rows, protocol, {**(extra or {}), "driver": " ".join(sys.argv)}, argv=shlex.split(command))
-    return write_result(out / f"{name}.json", kind, obj)
+    return write_result(out / f"{name}{TAG}.json", kind, obj)
 
 
 def prefill_phase(out: Path, name: str, args, deadline: float, graphed: bool, models: str, lengths: list[int],
@@ -50,7 +57,7 @@ def prefill_phase(out: Path, name: str, args, deadline: float, graphed: bool, mo
     energy = args.energy and not graphed or args.energy_graphed
     command = (f"sift bench prefill --models {models} --lengths {','.join(_k(n) for n in lengths)} --repeat "
                f"{args.repeat} --modes {','.join(modes)}" + (" --cuda-graphs" if graphed else "")
-               + ("" if energy else " --no-energy") + f" --save docs/results/{name}.json")
+               + ("" if energy else " --no-energy") + f" --save docs/results/{name}{TAG}.json")
     got: list = []
 
     def checkpoint(new):
@@ -74,7 +81,8 @@ def kernels_phase(out: Path, args, deadline: float, log) -> None:
     command = f"sift bench kernels --lengths {','.join(_k(n) for n in lengths)} --timing graph " \
               "--save docs/results/kernels.json"
     config = {"configuration": {"shapes (H, H_kv, D)": [list(x) for x in kb.SHAPES], "densities": [1.0, 0.1],
-                                "block_m": [128, 64], "block_n": [64], "flex": f"document layouts, L <= {args.flex_max}"}}
+                                "block_m": [128, 64], "block_n": [64],
+                                "flex": f"document layouts, L <= {args.flex_max}"}}
     rows: list = []
     if not torch.cuda.is_available():
         rows.append({"kind": "attention", "error": "needs a CUDA GPU (Hopper)"})
@@ -108,7 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for the result files")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for everything (default 540)")
     ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
-    ap.add_argument("--lengths", default="8k,16k,32k,64k,128k", help="8B-shaped prompt lengths")
+    ap.add_argument("--lengths", default="8k,16k,32k,64k", help="8B-shaped prompt lengths (128k: a call of its own)")
     ap.add_argument("--smol-lengths", default="2k,4k,8k")
     ap.add_argument("--kernel-lengths", default="16k,32k,64k")
     ap.add_argument("--flex-max", type=int, default=32768, help="FlexAttention rows up to this length")
@@ -118,7 +126,11 @@ def main(argv=None) -> int:
     ap.add_argument("--energy-graphed", action="store_true", help="energy in graphed runs too (≥ 1 s per mode)")
     ap.add_argument("--data-dir", type=Path, default=None, help="default: $SIFT_DATA_DIR")
     ap.add_argument("--cpu-smoke", action="store_true", help="without a GPU: a tiny functional pass")
+    ap.add_argument("--tag", default="", help="appended to each file name: e.g. 128k for the longest prompts "
+                                              "measured in a call of their own (prefill-8b-eager-128k.json)")
     args = ap.parse_args(argv)
+    global TAG
+    TAG = f"-{args.tag}" if args.tag else ""
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = set(phases) - set(PHASES)
     if unknown:
@@ -162,7 +174,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # one phase failing must not lose the others
             status[phase] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
             traceback.print_exc()
-    (args.out / "remeasure-status.json").write_text(json.dumps({"phases": status, "seconds":
+    (args.out / f"remeasure-status{TAG}.json").write_text(json.dumps({"phases": status, "seconds":
                                                                 time.perf_counter() - start}, indent=1))
     for phase, s in status.items():
         print(f"{phase:<20} {s}")

@@ -43,7 +43,7 @@ def test_a_result_renders_and_a_hand_edit_is_caught(tmp_path):
     assert update(docs, check=True) == ["page.md"]
     update(docs)
     assert "Not yet re-measured" in page.read_text() and update(docs, check=True) == []
-    (docs / "results" / TABLES["prefill-8b-graphed"].result).write_text(json.dumps(_prefill_result()))
+    (docs / "results" / TABLES["prefill-8b-graphed"].results[0]).write_text(json.dumps(_prefill_result()))
     assert update(docs, check=True) == ["page.md"]  # a new result: the table is stale until rendered
     update(docs)
     text = page.read_text()
@@ -52,6 +52,14 @@ def test_a_result_renders_and_a_hand_edit_is_caught(tmp_path):
     assert text.startswith("intro\n") and text.endswith("end\n")
     page.write_text(text.replace("| 70.0 |", "| 69.0 |"))  # a hand edit
     assert update(docs, check=True) == ["page.md"]
+    longest = _prefill_result()  # the longest prompts, measured in a call of their own: rows of both, both named
+    for r in longest["rows"]:
+        r["tokens"] = 131072
+    (docs / "results" / TABLES["prefill-8b-graphed"].results[1]).write_text(json.dumps(longest))
+    update(docs)
+    text = page.read_text()
+    assert "| m | 8K | graphed |" in text and "| m | 128K | graphed |" in text
+    assert all(f"results/{name}" in text for name in TABLES["prefill-8b-graphed"].results)
 
 
 def test_an_unknown_marker_is_one_clear_error(tmp_path):

@@ -20,18 +20,23 @@ def _protocol(p) -> str:
     return str(p) if p else ""
 
 
-def block(pub: Published, results: Path) -> str:
-    """The generated text of one table (ends with a newline)."""
-    path = results / pub.result
-    if not path.is_file():
-        return f"*Not yet re-measured.* Produced by `{pub.command}`.\n"
-    res = read_result(path)
-    where = (f"From [`results/{pub.result}`](results/{pub.result}): `{res.get('command')}` at commit "
-             f"`{res.get('commit') or 'unknown'}` on {res.get('device') or 'an unnamed device'}, "
-             f"{res.get('date') or 'undated'}." + (" **A CPU smoke run: its timings mean nothing.**"
-                                                   if res.get("cpu_smoke") else ""))
+def _provenance(name: str, res: dict) -> str:
     protocol = _protocol(res.get("protocol"))
-    return where + (f" Protocol: {protocol}." if protocol else "") + "\n\n" + pub.render(res) + "\n"
+    return (f"From [`results/{name}`](results/{name}): `{res.get('command')}` at commit "
+            f"`{res.get('commit') or 'unknown'}` on {res.get('device') or 'an unnamed device'}, "
+            f"{res.get('date') or 'undated'}." + (" **A CPU smoke run: its timings mean nothing.**"
+                                                   if res.get("cpu_smoke") else "")
+            + (f" Protocol: {protocol}." if protocol else ""))
+
+
+def block(pub: Published, results: Path) -> str:
+    """The generated text of one table (ends with a newline): where each committed result of it comes from, then
+    the table of all their rows."""
+    found = [(name, read_result(results / name)) for name in pub.results if (results / name).is_file()]
+    if not found:
+        return f"*Not yet re-measured.* Produced by `{pub.command}`.\n"
+    merged = {**found[0][1], "rows": [r for _, res in found for r in res["rows"]]}
+    return "\n\n".join(_provenance(n, res) for n, res in found) + "\n\n" + pub.render(merged) + "\n"
 
 
 def render_page(text: str, results: Path, where: str = "page") -> str:
