@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 DEMO   ?= demo-shards
 
-.PHONY: install demo test test-gpu bench clean readme-numbers
+.PHONY: install demo test test-gpu bench docs-tables clean readme-numbers
 
 install: $(STAMP)
 
@@ -49,6 +49,10 @@ test-gpu: install
 
 bench: install
 	$(BIN)/sift bench kernels
+
+# The docs' current tables, rendered from the committed results in docs/results (tests/test_docs_tables.py checks).
+docs-tables: install
+	$(BIN)/sift report
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache build *.egg-info

@@ -6,7 +6,8 @@ function and rendering its result with rich or as one JSON object. Errors the us
 - `prefill`  sift prefill, demo-prefill
 - `check`    sift check-model
 - `eval`     sift eval recall | build-qa | qa | sweep | storage, sift calibrate
-- `bench`    sift bench kernels | profile | prefill
+- `bench`    sift bench kernels | profile | prefill | store
+- `report`   sift report (the docs' tables from committed results)
 
 Commands import the library and the lab when they run, so that `sift --help` does not load torch.
 """
@@ -21,7 +22,7 @@ from rich.markup import escape
 
 from ..errors import SiftError, debug_enabled, error_line
 from ..output_dirs import disk_full_error, is_disk_full
-from . import check, prefill, profile, shards
+from . import check, prefill, profile, report, shards
 from .bench import bench_app
 from .console import Interrupted, OutputClosed, err
 from .eval import calibrate, eval_app
@@ -42,6 +43,7 @@ app.add_typer(bench_app, name="bench")
 app.command("sample-corpus")(shards.sample_corpus)
 app.add_typer(eval_app, name="eval")
 app.command("calibrate")(calibrate)
+app.command("report")(report.report)
 
 
 def main() -> None:

@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import SiftError
-from .console import err, fmt, out, print_json
+from .console import err, fmt, out
 from .options import DataOpt, JsonOpt, PlotOpt
-from .results import finish
+from .results import SaveOpt, finish
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks measured side by side in one run.")
 
@@ -20,20 +20,40 @@ bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchm
 @bench_app.command("kernels")
 def bench_kernels(
     quick: bool = typer.Option(False, "--quick", help="fewer lengths and densities"),
-    markdown: bool = typer.Option(False, "--markdown", help="print the table as Markdown (for docs/benchmarks.md)"),
+    lengths: Optional[str] = typer.Option(None, "--lengths", help="e.g. 16k,32k (default 16k,32k,64k; --quick 16k)"),
+    timing: str = typer.Option("graph", "--timing", help="graph: GPU time of CUDA-graph replays, as the prefill "
+                                                          "experiments run the kernels; eager: CUDA events around "
+                                                          "launches; both: each row twice, labelled"),
+    layouts: str = typer.Option("causal,documents", "--layouts", help="causal and/or documents"),
+    flex: bool = typer.Option(True, "--flex/--no-flex", help="FlexAttention on the same document-aligned blocks"),
+    decode: bool = typer.Option(True, "--decode/--no-decode", help="the bit-vector decode rows"),
+    markdown: bool = typer.Option(False, "--markdown", help="print the table as Markdown"),
+    save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
-    """Sparse attention kernel vs cuDNN SDPA (dense causal) vs FlexAttention, and the decode kernel (GPU)."""
+    """Sparse attention kernel vs cuDNN SDPA (dense causal) vs FlexAttention (its block mask built from the same
+    document-aligned block table, compiled once per layout), and the decode kernel (GPU). Each row says how it was
+    timed (`timing`)."""
     from ..lab.bench import attention_kernels as kb
 
-    rows = kb.run_kernel_bench(quick=quick, log=(lambda *a, **k: None) if as_json
-                               else (lambda m: err.print(escape(str(m)))))
-    if as_json:
-        print_json(rows)
-    elif markdown:
-        out.print(kb.markdown(rows), markup=False)
-    else:
-        out.print(kb.render(rows))
+    if timing not in ("graph", "eager", "both"):
+        raise SiftError(f"--timing {timing!r}: expected graph, eager or both")
+    chosen = {x.strip() for x in layouts.split(",") if x.strip()}
+    if not chosen or chosen - {"causal", "documents"}:
+        raise SiftError(f"--layouts {layouts!r}: expected causal and/or documents")
+    rows = kb.run_kernel_bench(quick=quick, lengths=tuple(_lengths(lengths)) if lengths else None,
+                               timings=("graph", "eager") if timing == "both" else (timing,),
+                               causal="causal" in chosen, documents="documents" in chosen, flex=flex, decode=decode,
+                               log=(lambda *a, **k: None) if as_json else (lambda m: err.print(escape(str(m)))))
+    result = {"rows": rows, "protocol": kb.protocol(timing)}
+
+    def show(res):
+        if markdown:
+            out.print(kb.markdown(res["rows"]), markup=False)
+        else:
+            out.print(kb.render(res["rows"]))
+
+    finish(result, save, None, None, as_json, show, kind="bench-kernels")
 
 
 @bench_app.command("profile")
@@ -43,6 +63,7 @@ def bench_profile(
     device: str = typer.Option("cuda", "--device"),
     quick: bool = typer.Option(False, "--quick", help="fewer documents per case"),
     cases: str = typer.Option("nq,essays,8b-2k,8b-8k", "--cases", help="comma-separated subset"),
+    save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """Dense prefill vs the whole `sift profile` run (each statistics path) on the same documents."""
@@ -51,10 +72,8 @@ def bench_profile(
     rows = bp.run_profile_bench(data_dir=data_dir, device=device, quick=quick,
                                 cases=tuple(c.strip() for c in cases.split(",") if c.strip()),
                                 log=(lambda *a, **k: None) if as_json else (lambda m: err.print(escape(str(m)))))
-    if as_json:
-        print_json(rows)
-    else:
-        out.print(bp.render(rows))
+    finish({"rows": rows}, save, None, None, as_json, lambda res: out.print(bp.render(res["rows"])),
+           kind="bench-profile")
     failed = bp.failures(rows)
     for line in failed:
         err.print(f"[red]failed[/]: {escape(line)}")
@@ -82,8 +101,10 @@ def bench_prefill(
     data_dir: Optional[Path] = DataOpt,
     cpu_smoke: bool = typer.Option(False, "--cpu-smoke", help="without a GPU: a tiny functional pass (timings "
                                                               "meaningless)"),
-    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="capture full recompute and SIFT (decode "
-                                                                  "included) as CUDA graphs; time the replays"),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="the graphed protocol: full recompute, "
+                                                                  "no-attention and SIFT (decode included) each "
+                                                                  "captured as a CUDA graph, replays timed; "
+                                                                  "CacheBlend (not capturable) left out"),
     query_blocks: str = typer.Option("auto", "--query-blocks", help="segment, grid (block_table.py) or auto (the "
                                                                    "backend's choice for the bits)"),
     block_m: str = typer.Option("auto", "--block-m", help="SIFT's query block rows: auto (the backend's), 128 "
@@ -95,11 +116,14 @@ def bench_prefill(
                                                               "its serving store inside each timed prefill"),
     corpus_dir: Optional[Path] = typer.Option(None, "--corpus-dir", help="where that set is built, or reused from "
                                                                          "(default: a temporary folder, removed)"),
-    save: Optional[Path] = typer.Option(None, "--save"),
+    save: Optional[Path] = SaveOpt,
     plot: Optional[Path] = PlotOpt,
     as_json: bool = JsonOpt,
 ):
-    """TTFT of full recompute (cuDNN), SIFT and CacheBlend at 8K–64K, split, with energy (needs a GPU)."""
+    """TTFT of full recompute (cuDNN), SIFT and CacheBlend at 8K–64K, split, with energy (needs a GPU). One protocol
+    per run: eager, or graphed with --cuda-graphs; every mode of a row (full, no-attention, SIFT; time and energy) is
+    measured the same way, full and no-attention interleaved, all warm. SIFT's rows give two ideals: at the cells
+    the bits select (TTFT/ideal) and at the cells computed (TTFT/ideal c.), with cells/allowed beside them."""
     from ..lab.bench.prefill import bench_prefill as run
 
     log = (lambda *a: None) if as_json else (lambda msg: err.print(escape(str(msg))))
@@ -109,7 +133,7 @@ def bench_prefill(
                  model, cpu_smoke, log=log, cuda_graphs=cuda_graphs, query_blocks=query_blocks,
                  unprofiled=unprofiled, block_ms=_block_ms(block_m), corpus_docs=corpus_docs, corpus_dir=corpus_dir)
     finish(result, save, plot, "plot_bench", as_json, lambda res: render_bench(res["rows"], res["cpu_smoke"]),
-           plot_of=lambda res: res["rows"])
+           plot_of=lambda res: res["rows"], kind="bench-prefill")
 
 
 @bench_app.command("store")
@@ -126,7 +150,7 @@ def bench_store(
     workers: int = typer.Option(2, "--workers", help="processes writing a set"),
     scans: bool = typer.Option(True, "--scans/--no-scans", help="also time validate, inspect, ids --json and "
                                                                  "status --finalize"),
-    save: Optional[Path] = typer.Option(None, "--save"),
+    save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """Fetching a prompt's bits from sets of 10^4-10^6 documents: the serving store beside the Parquet reader (open,
@@ -148,27 +172,29 @@ def bench_store(
         for table in render(res):
             out.print(table)
 
-    finish(result, save, None, None, as_json, show)
+    finish(result, save, None, None, as_json, show, kind="bench-store")
 
 
 def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:
     if cpu_smoke:
         out.print("[yellow]CPU smoke run: the code paths work; the timings mean nothing[/]")
     t = Table(show_edge=False)
-    for c in ("model", "bits", "tokens", "mode", "TTFT ms", "attention", "proj+MLP", "lookup", "decode", "transfer",
-              "density", "cells/allowed", "×full", "TTFT/ideal", "J", "tok/J", "EDP", "ED²P"):
+    for c in ("model", "bits", "tokens", "mode", "protocol", "TTFT ms", "attention", "proj+MLP", "lookup", "decode",
+              "transfer", "density", "cells/allowed", "×full", "TTFT/ideal", "TTFT/ideal c.", "J", "tok/J", "EDP",
+              "ED²P"):
         t.add_column(c, justify="right")
     for r in rows:
         if "error" in r:
             t.add_row(escape(r.get("model", "")[:24]), escape(r.get("pattern", "")[:28]), str(r.get("tokens")),
-                      r.get("mode", ""), f"[red]{escape(r['error'][:60])}[/]")
+                      r.get("mode", ""), r.get("protocol", ""), f"[red]{escape(r['error'][:60])}[/]")
             continue
         t.add_row(escape(r["model"][:24]), escape(r["pattern"][:28]), f"{r['tokens']:,}", r["mode"],
-                  f"{r['ttft_ms']:.1f}", fmt(r.get("attention_ms"), 1), fmt(r.get("other_ms"), 1),
-                  fmt(r.get("lookup_ms"), 3), fmt(r.get("decode_ms"), 2), fmt(r.get("transfer_ms"), 2),
-                  fmt(r.get("cell_density"), 3),
-                  fmt(r.get("cells_over_allowed"), 3), fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3), fmt(r.get("energy_j"), 2),
-                  fmt(r.get("tokens_per_j"), 0), fmt(r.get("edp"), 3), fmt(r.get("ed2p"), 3))
+                  r.get("protocol", "-"), f"{r['ttft_ms']:.1f}", fmt(r.get("attention_ms"), 1),
+                  fmt(r.get("other_ms"), 1), fmt(r.get("lookup_ms"), 3), fmt(r.get("decode_ms"), 2),
+                  fmt(r.get("transfer_ms"), 2), fmt(r.get("cell_density"), 3), fmt(r.get("cells_over_allowed"), 3),
+                  fmt(r.get("speedup"), 2), fmt(r.get("ttft_over_ideal"), 3),
+                  fmt(r.get("ttft_over_ideal_computed"), 3), fmt(r.get("energy_j"), 2), fmt(r.get("tokens_per_j"), 0),
+                  fmt(r.get("edp"), 3), fmt(r.get("ed2p"), 3))
     out.print(t)
 
 

@@ -14,7 +14,7 @@ from .eval_tables import (render_calibrate, render_frontier, render_qa, render_r
                           render_sweep)
 from .options import (AlphaOpt, BackendOpt, BetaOpt, BlockMOpt, BlockNOpt, DataOpt, DeviceOpt, DtypeOpt, GammaOpt,
                       JsonOpt, ModelOpt, PlotOpt, SeedOpt, ThreadsOpt, TileOpt, TilesOpt, WorkOpt)
-from .results import finish
+from .results import SaveOpt, finish
 
 NO_CANDIDATE = 4  # `sift calibrate`'s exit code when no candidate meets the target (docs/cli.md)
 
@@ -80,7 +80,7 @@ def recall(
     block_m: int = BlockMOpt, block_n: int = BlockNOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
     data_dir: Optional[Path] = DataOpt, work: Optional[Path] = WorkOpt, threads: int = ThreadsOpt,
-    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here"),
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """Recall of the truly high attention cells of composed prompts by the stored LA tiles and CA pages."""
@@ -89,7 +89,7 @@ def recall(
     res = recall_report(_model(model, device, dtype, threads), shards, prompts, data, data_dir, n_docs, n_prompts,
                         docs_per_prompt, words, seed, tile, alpha, beta, gamma, block_m, block_n, work,
                         progress_bar=_bars(as_json))
-    finish(res, save, plot, "plot_recall", as_json, render_recall)
+    finish(res, save, plot, "plot_recall", as_json, render_recall, kind="eval-recall")
 
 
 # ---- eval qa ---------------------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def qa(
                                                                   "they finish; a re-run resumes from it"),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
     data_dir: Optional[Path] = DataOpt, work: Optional[Path] = WorkOpt, threads: int = ThreadsOpt,
-    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save"),
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """Answer multi-document questions with full recompute, SIFT, sink+window, KV reuse and CacheBlend."""
@@ -158,7 +158,8 @@ def qa(
                        mode_list, backend, max_new_tokens, ratio, blend_mask, tile, alpha, beta, gamma, block_m,
                        block_n, results, data_dir, work, progress_bar=_bars(as_json), noise_floor=noise_floor,
                        selection=selection)
-    finish(result, save, plot, "plot_qa", as_json, lambda res: [render_qa(r) for r in res["runs"]])
+    finish(result, save, plot, "plot_qa", as_json, lambda res: [render_qa(r) for r in res["runs"]],
+           kind="eval-qa")
 
 
 # ---- eval sweep ------------------------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ def sweep(
     backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
     data_dir: Optional[Path] = DataOpt, threads: int = ThreadsOpt,
-    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save"),
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """Density, KL, first-token and answer agreement over a grid of (T, α, β, γ)."""
@@ -193,7 +194,7 @@ def sweep(
     res = sweep_report(_model(model, device, dtype, threads), pts, data, corpus, data_dir, n_docs, n_prompts,
                        docs_per_prompt, words, seed, backend, block_m, block_n, max_new_tokens, with_recall,
                        progress_bar=_bars(as_json))
-    finish(res, save, plot, "plot_sweep", as_json, render_sweep)
+    finish(res, save, plot, "plot_sweep", as_json, render_sweep, kind="eval-sweep")
 
 
 # ---- eval frontier -----------------------------------------------------------------------------------------------
@@ -227,7 +228,7 @@ def frontier(
     res = frontier_report(_model(model, device, dtype, threads), names, n_prompts, paper or PAPER_POINTS,
                           mass or MASS_POINTS, tile, seed, backend, block_m, block_n, max_new_tokens, data_dir,
                           essay_words, progress_bar=_bars(as_json))
-    finish(res, save, plot, "plot_frontier", as_json, render_frontier)
+    finish(res, save, plot, "plot_frontier", as_json, render_frontier, kind="eval-frontier")
 
 
 # ---- eval storage ----------------------------------------------------------------------------------------------
@@ -238,7 +239,7 @@ def storage(
     tile: int = typer.Option(64, "--tile", help="tile size for the published-config rows"),
     models: Optional[str] = typer.Option(None, "--models", help="comma-separated subset of the built-in configs"),
     doc_lengths: str = typer.Option("128,512,1024,2048,4096,8192", "--doc-lengths"),
-    plot: Optional[Path] = PlotOpt,
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = SaveOpt,
     as_json: bool = JsonOpt,
 ):
     """SIFT metadata bytes against KV-cache bytes: a shard directory and published model configs."""
@@ -246,7 +247,7 @@ def storage(
 
     chosen = [m.strip() for m in models.split(",") if m.strip()] if models else None
     res = storage_report(shards, tile, _ints(doc_lengths, "--doc-lengths"), chosen)
-    finish(res, None, plot, "plot_storage", as_json, lambda r: render_storage(r, tile))
+    finish(res, save, plot, "plot_storage", as_json, lambda r: render_storage(r, tile), kind="eval-storage")
 
 
 # ---- calibrate -------------------------------------------------------------------------------------------------
@@ -286,7 +287,7 @@ def calibrate(
     template: Optional[str] = typer.Option(None, "--template"),
     backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, threads: int = ThreadsOpt,
-    as_json: bool = JsonOpt,
+    save: Optional[Path] = SaveOpt, as_json: bool = JsonOpt,
 ):
     """Pick the sparsest (T, α, β, γ) that meets your fidelity target on prompts from your corpus; write sift.toml."""
     from ..corpus import corpus_format
@@ -306,10 +307,7 @@ def calibrate(
                            corpus_format(id_field, text_field, title_field, template), n_prompts, docs_per_prompt,
                            queries, seed, backend, block_m, block_n, max_new_tokens, config_out, dry_run,
                            progress_bar=_bars(as_json))
-    if as_json:
-        print_json(res)
-    else:
-        render_calibrate(res)
+    finish(res, save, None, None, as_json, render_calibrate, kind="calibrate")
     if res["chosen"] is None:
         raise typer.Exit(NO_CANDIDATE)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,21 +43,22 @@ class ModelSpec:
 
 
 def run_metadata(lm: LoadedModel | None) -> dict:
-    """When, with what and where a result was measured; the commit of the source tree when it is a git checkout."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
-    except Exception:
-        commit = None
+    """When, with what and where a result was measured; the commit of the source tree (`results.source_commit`)."""
+    from .results import source_commit
+
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "model": lm.name if lm else None,
-            "device": str(lm.device) if lm else None, "machine": platform.node(), "commit": commit}
+            "device": str(lm.device) if lm else None, "machine": platform.node(), "commit": source_commit()}
 
 
 def write_json(path: Path | None, obj) -> None:
+    """A result file written whole or not at all (`lab.results`' format when obj is a result object)."""
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    from ..atomic import atomic_write
+    from .results import dumps
+
+    text = dumps(obj)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def plot(name: str, result, path: Path | None) -> Path | None:

@@ -223,3 +223,10 @@ def test_bench_prefill_needs_a_gpu_or_runs_a_cpu_smoke_pass(capsys, tmp_path):
     assert 0 < sift["cell_density"] <= 1 and sift["ideal_ms"] > 0 and sift["energy_note"] == "GPU needed"
     assert "1 of 2 documents unprofiled" in sift["pattern"]
     assert (tmp_path / "b.json").is_file() and res["summary"][0]["tokens"] == 300
+    # a result file: provenance, one protocol, and every row's baseline timed in that protocol
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved["kind"] == "bench-prefill" and saved["rows"] == res["rows"] and saved["command"].startswith("sift")
+    assert saved["versions"]["torch"] and saved["protocol"]["timing"] == "eager"
+    for r in res["rows"]:
+        assert r["protocol"] == "eager" and r["baseline_protocol"] == "eager", r
+    assert sift["ideal_ms"] <= sift["ideal_computed_ms"] and sift["allowed_density"] <= sift["cell_density"]

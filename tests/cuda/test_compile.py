@@ -147,34 +147,6 @@ def test_cpu_tensors_are_refused_clearly():
         cuda_attention.kernel_config(96, 64)
 
 
-def test_flex_block_mask_matches_reference():
-    """The flex backend's BlockMask (on flex's own grid, over document-aligned blocks) states the same semantics as
-    the reference (checked eagerly on CPU)."""
-    import numpy as np
-
-    flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    from sift_cli.attention.flex import block_mask_from_lists
-    from sift_cli.attention.reference import block_sparse_attention
-    from sift_cli.block_lists import decode_layer
-    from sift_cli.block_table import BlockTable
-    from sift_cli.cuda.checks import random_block_lists, random_case_bits
-
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    cases = [random_block_lists(BlockTable.causal(L, 128, bn), 4, 0.3) for L, bn in ((256, 64), (300, 128))]
-    bits = random_case_bits(rng, 64, n_layers=1, n_heads=4, doc_lengths=[65, 130, 1], prefix_len=16, suffix_len=20)
-    for qmode in ("segment", "grid"):
-        cases.append(decode_layer(bits, 0, BlockTable.for_layout(bits.layout, 128, 64, qmode)))
-    cases.append(decode_layer(bits, 0, BlockTable.for_layout(bits.layout, 64, 64)))  # on flex's 128-row grid
-    for lists in cases:
-        L = lists.seq_len
-        q, k, v = torch.randn(4, L, 32), torch.randn(2, L, 32), torch.randn(2, L, 32)
-        out = flex.flex_attention(q[None], k[None], v[None], block_mask=block_mask_from_lists(lists), scale=0.2,
-                                  enable_gqa=True)[0]
-        ref = block_sparse_attention(q, k, v, lists, 0.2)
-        assert float((out - ref).norm() / ref.norm()) < 1e-5
-
-
 def test_vector_aligned_outputs():
     """The kernel stores 8 columns at once: views it can write directly, and those written through a buffer."""
     L, H, D = 5, 3, 64

@@ -11,8 +11,14 @@ Two kinds of layouts:
 Throughput is counted over computed (query, key) pairs exactly: FLOPs = 4 · D · Σ causal pairs inside the listed
 blocks (2 GEMMs × 2 FLOPs per multiply-add); for the dense causal case this is 2·L²·D·H up to the diagonal's
 half, the convention of H200.md. Inputs are random bf16 laid out as the model lays them out ([L, heads, D]).
-Times are medians of CUDA-event-timed launches after warm-up. FlexAttention's output is checked against the
-kernel's over every head (`agree`), and a disagreement above 1e-2 is flagged, not hidden.
+
+FlexAttention gets its best shot: its block mask is built from the same document-aligned block table
+(`attention.flex_layout`) once per layout, its compiled kernel reused across calls; the gathers into its padded
+layout are part of its timed call. Its output is checked against the kernel's over every head (`agree`), and a
+disagreement above 1e-2 is flagged, not hidden.
+
+Each row says how it was timed (`timing`): "graph", the GPU time of CUDA-graph replays (no host launch overhead:
+how a graphed prefill runs the kernels), or "eager", CUDA events around launches; medians after warm-up.
 """
 
 from __future__ import annotations
@@ -24,8 +30,6 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rich.console import Group
-from rich.table import Table
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...attention.base import BlockLists
@@ -38,7 +42,8 @@ from ...cuda.decode import CudaDecoder
 from ...errors import SiftError
 from ...layout import random_prompt_bits
 from .decode_kernel import bench_decode
-from .kernel_timing import time_ms
+from .kernel_tables import markdown, render  # noqa: F401  (the CLI renders through this module)
+from .kernel_timing import graph_time_ms, time_ms
 from .prefill_cases import PAPER_CA_DENSITY, PAPER_LA_DENSITY
 
 SHAPES = ((32, 8, 128), (9, 3, 64))  # (H, H_kv, D): Llama-3-8B-like, SmolLM2-135M
@@ -171,46 +176,70 @@ def interleaved_ms(fns: dict, rounds: int) -> dict:
 # Driver
 # ----------------------------------------------------------------------------------------------------------
 
-def _attention_rows(q, k, v, blocks: BlockLists, layout: str, scale: float, cudnn_tflops: float, flex: bool,
-                    row_base: dict, log) -> list[dict]:
+TIMINGS = ("graph", "eager")
+
+
+def protocol(timing: str) -> str:
+    how = {"graph": "GPU time of CUDA-graph replays (no host launch overhead), as a graphed prefill runs them",
+           "eager": "CUDA events around eager launches (host launch overhead included where it shows)",
+           "both": "each row twice: 'graph' (CUDA-graph replays) and 'eager' (events around launches)"}[timing]
+    return (f"bf16, batch 1, inputs in the model's [L, heads, D] layout; {how}; medians after warm-up; every "
+            "implementation on the same inputs and lists in one process; FlexAttention's block mask built once per "
+            "layout from the same document-aligned block table, its gathers inside the timed call")
+
+
+def timed_ms(fn, timing: str) -> float | None:
+    """fn's GPU ms as `timing` says (graph: None where the capture fails)."""
+    return graph_time_ms(fn, reps=20) if timing == "graph" else time_ms(fn)
+
+
+def _attention_rows(q, k, v, blocks: BlockLists, layout: str, scale: float, cudnn_tflops: dict, flex: bool,
+                    row_base: dict, log, timings=("graph",)) -> list[dict]:
     D = q.shape[2]
     flops = block_lists_flops(blocks, D)
-    rows = []
-    run = sift_fn(q, k, v, blocks, scale)
-    ms_sift = time_ms(run)
-    tf = flops / ms_sift / 1e9
-    rows.append(dict(row_base, impl="SIFT cuda", ms=ms_sift, tflops=tf, pct_of_cudnn=100.0 * tf / cudnn_tflops))
-    msg = (f"  {layout} bm={blocks.block_m} bn={blocks.block_n} density={blocks.density():.2f}: sift {ms_sift:.3f} ms "
-           f"{tf:.0f} TFLOP/s")
+    fns = {"SIFT cuda": sift_fn(q, k, v, blocks, scale)}
     if layout == "documents":  # the same lists with a tile per block, as the kernel ran them before merging
-        ms_block = time_ms(sift_fn(q, k, v, blocks, scale, merge=False))
-        tf_block = flops / ms_block / 1e9
-        rows.append(dict(row_base, impl="SIFT cuda, tile per block", ms=ms_block, tflops=tf_block,
-                         pct_of_cudnn=100.0 * tf_block / cudnn_tflops))
-        msg += f" (tile per block {ms_block:.3f} ms)"
+        fns["SIFT cuda, tile per block"] = sift_fn(q, k, v, blocks, scale, merge=False)
+    notes, failed = {}, None
     if flex:
         try:
-            frun = flex_fn(q, k, v, blocks, scale)
-            ms_flex = time_ms(frun)
-            tf_flex = flops / ms_flex / 1e9
-            a, b = frun().float(), run().float()  # every head of both
+            fns["FlexAttention"] = flex_fn(q, k, v, blocks, scale)
+            a, b = fns["FlexAttention"]().float(), fns["SIFT cuda"]().float()  # every head of both
             agree = float((a - b).norm() / b.norm())
-            rows.append(dict(row_base, impl="FlexAttention", ms=ms_flex, tflops=tf_flex, agree=agree,
-                             note=f"rel diff vs sift {agree:.1e}" + (" DISAGREE" if agree > AGREE_BOUND else "")))
-            rows[0]["speedup_vs_flex"] = ms_flex / ms_sift
-            msg += f" | flex {ms_flex:.3f} ms {tf_flex:.0f} TFLOP/s, agree {agree:.1e}"
+            notes["FlexAttention"] = dict(agree=agree, note=f"rel diff vs sift {agree:.1e}"
+                                          + (" DISAGREE" if agree > AGREE_BOUND else ""))
         except Exception as exc:  # record, keep going
-            rows.append(dict(row_base, impl="FlexAttention", ms=None, tflops=None,
-                             note=f"failed: {type(exc).__name__}: {str(exc)[:160]}"))
-            msg += f" | flex failed: {type(exc).__name__}"
+            fns.pop("FlexAttention", None)
+            failed = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+    rows = []
+    msg = f"  {layout} bm={blocks.block_m} bn={blocks.block_n} density={blocks.density():.2f}:"
+    for timing in timings:
+        ms = {name: timed_ms(fn, timing) for name, fn in fns.items()}
+        first = len(rows)
+        for name, t in ms.items():
+            tf = None if not t else flops / t / 1e9
+            row = dict(row_base, impl=name, timing=timing, ms=t, tflops=tf, **notes.get(name, {}))
+            if name.startswith("SIFT") and tf is not None and cudnn_tflops.get(timing):
+                row["pct_of_cudnn"] = 100.0 * tf / cudnn_tflops[timing]
+            if t is None:
+                row["note"] = "CUDA-graph capture failed"
+            rows.append(row)
+        if ms.get("FlexAttention") and ms.get("SIFT cuda"):
+            rows[first]["speedup_vs_flex"] = ms["FlexAttention"] / ms["SIFT cuda"]
+        if failed:
+            rows.append(dict(row_base, impl="FlexAttention", timing=timing, ms=None, tflops=None, note=failed))
+        msg += f" [{timing}] " + ", ".join(f"{n} {t:.3f} ms" if t else f"{n} -" for n, t in ms.items())
     log(msg)
     return rows
 
 
 def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities=None, block_ns=BLOCK_NS,
                      block_ms=BLOCK_MS, flex: bool = True, decode: bool = True, documents: bool = True,
-                     time_budget_s: float | None = None, log=print, checkpoint=None) -> list[dict]:
-    """All rows of the kernel table (docs/benchmarks.md). quick: L = 16K only and densities 100% / 10%."""
+                     time_budget_s: float | None = None, log=print, checkpoint=None, timings=("graph",),
+                     causal: bool = True, flex_causal: bool = True) -> list[dict]:
+    """All rows of the kernel table (docs/benchmarks.md). quick: L = 16K only and densities 100% / 10%. timings:
+    "graph" and/or "eager" (`TIMINGS`), one row per implementation each. flex_causal: FlexAttention on the causal
+    layouts too (each layout compiles Flex anew), not only on the document ones."""
     if not torch.cuda.is_available():
         raise SiftError("sift bench kernels needs a CUDA GPU (Hopper for the bundled kernels)")
     lengths = lengths or ((16384,) if quick else LENGTHS)
@@ -223,74 +252,34 @@ def run_kernel_bench(quick: bool = False, shapes=SHAPES, lengths=None, densities
             scale = 1.0 / math.sqrt(D)
             dense_flops = 4 * D * H * L * (L + 1) // 2
             run, how = cudnn_dense_fn(q, k, v, scale)
-            ms = time_ms(run)
-            cudnn_tflops = dense_flops / ms / 1e9
-            rows.append(dict(kind="attention", impl="cuDNN SDPA", layout="causal", H=H, H_kv=H_kv, D=D, L=L,
-                             block_n=None, density=1.0, ms=ms, tflops=cudnn_tflops, note=how))
-            log(f"H={H} D={D} L={L} cuDNN dense: {ms:.3f} ms {cudnn_tflops:.0f} TFLOP/s ({how})")
+            cudnn_tflops = {}
+            for timing in timings:
+                ms = timed_ms(run, timing)
+                cudnn_tflops[timing] = dense_flops / ms / 1e9 if ms else None
+                rows.append(dict(kind="attention", impl="cuDNN SDPA", layout="causal", H=H, H_kv=H_kv, D=D, L=L,
+                                 block_n=None, density=1.0, timing=timing, ms=ms, tflops=cudnn_tflops[timing],
+                                 note=how))
+                log(f"H={H} D={D} L={L} cuDNN dense [{timing}]: " + (f"{ms:.3f} ms" if ms else "capture failed"))
             for bn, bm in itertools.product(block_ns, block_ms):
                 use_flex = flex and not (time_budget_s is not None and time.time() - t0 > time_budget_s)
                 table = BlockTable.causal(L, bm, bn, device="cuda")
-                for dens in densities:
+                for dens in densities if causal else ():
                     blocks = random_block_lists(table, H, dens, seed=L + bn)
                     base = dict(kind="attention", layout="causal", H=H, H_kv=H_kv, D=D, L=L, block_m=bm, block_n=bn,
                                 density=blocks.density())
-                    rows += _attention_rows(q, k, v, blocks, "causal", scale, cudnn_tflops, use_flex, base, log)
+                    rows += _attention_rows(q, k, v, blocks, "causal", scale, cudnn_tflops, use_flex and flex_causal,
+                                            base, log, timings)
                 if documents:
                     lo, hi = DOC_LENGTHS.get((H, H_kv, D), (300, 3000))
                     blocks, ratio, n_docs = document_case(H, L, bn, L + bn, (lo, hi), bm)
                     base = dict(kind="attention", layout=f"{n_docs} docs of {lo}-{hi}", H=H, H_kv=H_kv, D=D, L=L,
                                 block_m=bm, block_n=bn, density=blocks.density(), cells_over_allowed=ratio)
-                    rows += _attention_rows(q, k, v, blocks, "documents", scale, cudnn_tflops, use_flex, base, log)
+                    rows += _attention_rows(q, k, v, blocks, "documents", scale, cudnn_tflops, use_flex, base, log,
+                                            timings)
                 if checkpoint:
                     checkpoint(rows)
             del q, k, v
             torch.cuda.empty_cache()
     if decode:
-        rows += bench_decode(lengths=(15360,) if quick else (15360, 32768, 65536), log=log)
+        rows += bench_decode(lengths=(15360,) if quick else (15360, 32768, 65536), log=log, timings=timings)
     return rows
-
-
-_COLUMNS = ("H/H_kv/D", "L", "layout", "Q block", "KV block", "density", "cells/allowed", "impl", "ms", "TFLOP/s",
-            "% cuDNN", "× vs Flex", "note")
-
-
-def _cells(r: dict) -> list[str]:
-    return [f"{r['H']}/{r['H_kv']}/{r['D']}", f"{r['L'] // 1024}K", r.get("layout", "causal"),
-            str(r.get("block_m") or "-"), str(r["block_n"] or "-"),
-            f"{100 * r['density']:.0f}%", _f(r.get("cells_over_allowed"), 3), r["impl"], _f(r.get("ms"), 3),
-            _f(r.get("tflops"), 0), _f(r.get("pct_of_cudnn"), 0), _f(r.get("speedup_vs_flex"), 2), r.get("note", "")]
-
-
-def render(rows: list[dict]):
-    """A rich Table of the rows (attention first, then decode)."""
-    t = Table(title="Attention forward, bf16, batch 1 (TFLOP/s over computed causal pairs)")
-    for col in _COLUMNS:
-        t.add_column(col, justify="left" if col in ("impl", "note", "layout") else "right")
-    for r in rows:
-        if r.get("kind") == "attention":
-            t.add_row(*_cells(r))
-    d = Table(title="Bit-vector decode, every layer in one go (T=64, KV blocks of 64, documents of 2K tokens)")
-    for col in ("layers × heads", "L", "ms / layer", "ms, all layers", "target ms / layer"):
-        d.add_column(col, justify="right")
-    for r in rows:
-        if r.get("kind") == "decode":
-            d.add_row(f"{r['layers']}×{r['heads']}", f"{r['L']}", _f(r["ms_per_layer"], 4), _f(r["ms_all_layers"], 3),
-                      _f(r.get("target_ms"), 3))
-    return Group(t, d)
-
-
-def markdown(rows: list[dict]) -> str:
-    """The same tables as Markdown (for docs/benchmarks.md)."""
-    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows if r.get("kind") == "attention"]
-    lines += ["", "| layers × heads | L | ms / layer | ms, all layers | target ms / layer |", "|---|---|---|---|---|"]
-    for r in rows:
-        if r.get("kind") == "decode":
-            lines.append(f"| {r['layers']}×{r['heads']} | {r['L']} | {_f(r['ms_per_layer'], 4)} | "
-                         f"{_f(r['ms_all_layers'], 3)} | {_f(r.get('target_ms'), 3)} |")
-    return "\n".join(lines)
-
-
-def _f(x, nd):
-    return "-" if x is None else f"{x:.{nd}f}"

@@ -3,18 +3,25 @@ into attention / projections+MLP / metadata decode / metadata transfer, with GPU
 their bits: `prefill_cases.py`; one length's modes: `prefill_case_run.py`; the stand-ins and timing:
 `prefill_timing.py`; the energy meter: `energy.py`; CacheBlend's streamed KV: `host_kv.py`.
 
+One protocol per run, stated in each row (`protocol`, and `baseline_protocol`: how the full and no-attention runs
+its ratios divide by were timed): "eager" (every mode's forward launched eagerly) or, with `cuda_graphs`,
+"graphed" (full recompute, no-attention and SIFT, decode included, each captured once per prompt and its replays
+timed; `capture_ms` apart). Full and no-attention are timed interleaved run by run, SIFT right after, all warm;
+each mode's energy comes from the same callable as its time. CacheBlend is not captured (its KV streams from host
+memory on a side stream): it is measured in eager runs only.
+
 Modes and their split
 - `full`: the model's own forward, SDPA pinned to cuDNN (falls back, and says so, when cuDNN refuses);
 - `no-attention`: the same forward with attention replaced by a free identity — the projections+MLP time
   (everything but attention); `attention_ms = TTFT − no-attention` for the other modes;
 - `sift-<backend>`: metadata transfer (bit vectors host→GPU), decode (bits → CSR lists over the prompt's
   document-aligned block table, plus the backend's own preparation), and the forward with block-sparse
-  attention. `ideal_ms` is the full TTFT minus the skipped share (1 − cell density) of full attention time;
-  `cells_over_allowed` is SPEC §6's fidelity measure (causal pairs computed over pairs the bits allow);
-- with `cuda_graphs`, `full` and `sift-<backend>` are each captured once per prompt (SIFT's decode included) and
-  their replays timed; the capture is reported apart (`capture_ms`); each graph copies the prompt's ids (SIFT's
-  also its bits) from pinned memory each replay restages first, so `transfer_ms` is SIFT's host staging, already
-  in each replay's TTFT;
+  attention. Two ideals: `ideal_ms`, full TTFT minus the share of full attention time the bits skip (1 − the
+  density of the pairs the bits allow, `allowed_density`): a perfect kernel on perfect blocks; and
+  `ideal_computed_ms`, the same at the density of the cells our blocks compute (`cell_density`), which leaves
+  out what block geometry costs. `cells_over_allowed` (SPEC §6's fidelity measure) is their ratio of densities;
+- in the graphed protocol each graph copies the prompt's ids (SIFT's also its bits) from pinned memory each replay
+  restages first, so `transfer_ms` is SIFT's host staging, already in each replay's TTFT;
 - `cacheblend`: the blended forward of `eval.kvreuse` (layer 0 full, ~15% of tokens from layer 1 on; the released
   code's bottom-right mask, which is what its fast kernel computes), reused KV streamed per layer from pinned host
   memory on a side stream (pipelined, as CacheBlend loads layer l+1 while computing layer l); `compute_ms` is the
@@ -50,8 +57,9 @@ def run_case(case: Case, modes=("full", "sift", "cacheblend"), backends=("auto",
     ms) measured earlier on the same model and length — full recompute is then not re-run."""
     run = CaseRun(case, repeat, warmup, energy, block_ms[0], block_n, ratio, ssd_gbps, log, cuda_graphs=cuda_graphs,
                   query_blocks=query_blocks)
-    if baseline is not None:
-        run.full, run.rest = baseline
+    if baseline is not None:  # (full, rest[, the protocol they were timed in])
+        run.full, run.rest = baseline[:2]
+        run.baseline_protocol = baseline[2] if len(baseline) > 2 else None
     else:
         run.full_recompute(dense_kernel)
     if "sift" in modes:
@@ -86,7 +94,8 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
     out = {}
     for r in rows:
         key = (r["model"], r["pattern"], r["tokens"])
-        e = out.setdefault(key, {"model": r["model"], "pattern": r["pattern"], "tokens": r["tokens"]})
+        e = out.setdefault(key, {"model": r["model"], "pattern": r["pattern"], "tokens": r["tokens"],
+                                 "protocol": r.get("protocol")})
         if "error" in r:
             e[r["mode"]] = f"error: {r['error'][:60]}"
             continue
@@ -96,27 +105,34 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
         if r["mode"].startswith("sift"):
             e[f"{r['mode']}_speedup"] = r.get("speedup")
             e[f"{r['mode']}_over_ideal"] = r.get("ttft_over_ideal")
+            e[f"{r['mode']}_over_ideal_computed"] = r.get("ttft_over_ideal_computed")
             e["cell_density"] = r.get("cell_density")
             e["cells_over_allowed"] = r.get("cells_over_allowed")
     return list(out.values())
 
 
 def _run_cases(cases, emit, out_of_time, log, host_kv_for=None, empty_cache: bool = False, **case_kw) -> None:
-    """Every case of one model: skipped once the time budget is spent; a failing case is a row, not an end.
-    host_kv_for(case): CacheBlend's reused KV for the case (None: made per case); empty_cache: free the GPU's
-    cached blocks after each case."""
+    """Every case of one model: skipped once the time budget is spent, or when the last case's time scaled to this
+    one's length (by the length ratio to the power 1.8: attention grows with its square) would overrun it
+    (out_of_time(seconds needed)); a failing case is a row, not an end. host_kv_for(case): CacheBlend's reused KV
+    for the case (None: made per case); empty_cache: free the GPU's cached blocks after each case."""
+    last = None  # (tokens, seconds) of the last case run
     for case in cases:
-        if out_of_time():
-            emit([{"model": case.label, "pattern": case.pattern, "tokens": len(case.input_ids), "mode": "all",
+        n = len(case.input_ids)
+        need = 0.0 if last is None else last[1] * (n / last[0]) ** 1.8
+        if out_of_time(need):
+            emit([{"model": case.label, "pattern": case.pattern, "tokens": n, "mode": "all",
                    "error": "skipped: time budget"}])
             continue
+        t0 = time.perf_counter()
         host_kv = host_kv_for(case) if host_kv_for else None
         try:
             emit(run_case(case, host_kv=host_kv, log=log, **case_kw))
         except Exception as exc:  # one case failing must not lose the others
-            emit([{"model": case.label, "pattern": case.pattern, "tokens": len(case.input_ids), "mode": "all",
+            emit([{"model": case.label, "pattern": case.pattern, "tokens": n, "mode": "all",
                    "error": error_line(exc, 200)}])
-            log(f"  case {len(case.input_ids)} failed: {exc}")
+            log(f"  case {n} failed: {exc}")
+        last = (n, time.perf_counter() - t0)
         if empty_cache:
             torch.cuda.empty_cache()
 
@@ -143,8 +159,8 @@ def run_bench(models=("llama3-8b",), lengths=LENGTHS, pattern: str = "paper",
         if on_rows:
             on_rows(new)
 
-    def out_of_time():
-        return deadline is not None and time.perf_counter() > deadline
+    def out_of_time(need: float = 0.0):
+        return deadline is not None and time.perf_counter() + need > deadline
 
     smol = None
 
@@ -210,10 +226,12 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
                   backends=("auto",), repeat: int = 3, warmup: int = 1, energy: bool = True, ratio: float = 0.15,
                   ssd_gbps: float = 3.8, data=None, smol_model: str | None = None, cpu_smoke: bool = False,
                   log=print, cuda_graphs: bool = False, query_blocks: str = "auto", unprofiled: int = 0,
-                  block_ms=(None,), corpus_docs: int = 0, corpus_dir=None) -> dict:
+                  block_ms=(None,), corpus_docs: int = 0, corpus_dir=None, deadline: float | None = None,
+                  on_rows=None) -> dict:
     """What `sift bench prefill` reports: {rows, summary, cpu_smoke}. cpu_smoke: without a GPU, a tiny functional
     pass (lengths capped at 512, at most two; 128-token documents). corpus_docs: see `run_bench`; without a
-    `corpus_dir` the set is built in a temporary folder, removed at the end."""
+    `corpus_dir` the set is built in a temporary folder, removed at the end. deadline (time.perf_counter()):
+    lengths not started by then are rows saying so; on_rows(new rows) after each length."""
     require_gpu(cpu_smoke)
     if cpu_smoke:
         lengths = [min(x, 512) for x in lengths][:2]
@@ -226,11 +244,25 @@ def bench_prefill(models: list[str], lengths: list[int], pattern: str = "paper",
         try:
             return bench_prefill(models, lengths, pattern, doc_tokens, modes, backends, repeat, warmup, energy, ratio,
                                  ssd_gbps, data, smol_model, cpu_smoke, log, cuda_graphs, query_blocks, unprofiled,
-                                 block_ms, corpus_docs, corpus_dir)
+                                 block_ms, corpus_docs, corpus_dir, deadline, on_rows)
         finally:
             shutil.rmtree(corpus_dir, ignore_errors=True)
     rows = run_bench(models, lengths, pattern, doc_tokens, tuple(modes), tuple(backends), repeat, warmup, energy,
-                     ratio, ssd_gbps, data, smol_model, cpu_smoke, log=log, cuda_graphs=cuda_graphs,
-                     query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms, corpus_docs=corpus_docs,
-                     corpus_dir=corpus_dir)
-    return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke}
+                     ratio, ssd_gbps, data, smol_model, cpu_smoke, deadline=deadline, log=log, on_rows=on_rows,
+                     cuda_graphs=cuda_graphs, query_blocks=query_blocks, unprofiled=unprofiled, block_ms=block_ms,
+                     corpus_docs=corpus_docs, corpus_dir=corpus_dir)
+    return {"rows": rows, "summary": summarize_rows(rows), "cpu_smoke": cpu_smoke, "protocol": protocol(cuda_graphs)}
+
+
+def protocol(cuda_graphs: bool) -> dict:
+    """What one run's rows share: how every mode was timed."""
+    if cuda_graphs:
+        how = ("graphed: full recompute, no-attention and SIFT (decode included) each captured once per prompt as a "
+               "CUDA graph, replays timed; CacheBlend not captured, so not measured")
+    else:
+        how = "eager: every mode's forward launched eagerly"
+    return {"timing": "graphed" if cuda_graphs else "eager", "description": how + "; full and no-attention "
+            "interleaved run by run, then each SIFT mode and CacheBlend, warm; wall clock from an idle device, "
+            "medians; energy from the same callable as the time",
+            "ideal": "ideal_ms: full − (1 − allowed_density) × attention (the cells the bits select); "
+                     "ideal_computed_ms: the same at cell_density (the cells computed)"}

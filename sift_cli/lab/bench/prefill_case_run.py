@@ -1,6 +1,12 @@
 """One prompt length of `sift bench prefill`, every mode (`CaseRun`): full recompute and the time without
-attention, SIFT per backend and query block size (eager, or replayed from a CUDA graph), CacheBlend; the rows, with
-energy where NVML answers."""
+attention, SIFT per backend and query block size, CacheBlend; the rows, with energy where NVML answers.
+
+One protocol per run (`protocol`): "eager" (every mode's forward launched eagerly) or "graphed" (every mode captured
+once as a CUDA graph and its replays timed). Full recompute and no-attention are timed in the same protocol,
+interleaved run by run; each SIFT mode right after, warm; energy from the same callable as the time. CacheBlend
+streams its KV from host memory on a side stream and is not captured: a graphed run leaves it out (an error row
+that says so) rather than compare it with a graphed baseline. Each row carries its `protocol` and the protocol its
+baseline (full, no-attention) was timed in (`baseline_protocol`)."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import torch
 
 from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
-from ...block_lists import cells_over_allowed, computed_cells, mean_densities
+from ...block_lists import allowed_cells, computed_cells, mean_densities
 from ...errors import SiftError, error_line
 from ...prefill.graphs import GraphedPrefill, graphed_sparse_prefill
 from ...prefill.options import PrefillOptions, for_prompt
@@ -21,7 +27,7 @@ from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV
 from .prefill_cases import Case
-from .prefill_timing import DENSE_EXPANDED, NOATTN, device_name, sdpa_pin, stand_in, timed
+from .prefill_timing import DENSE_EXPANDED, NOATTN, device_name, interleaved, sdpa_pin, stand_in, timed
 
 
 @dataclass
@@ -42,6 +48,7 @@ class CaseRun:
     rows: list = field(default_factory=list)
     full: float = 0.0  # TTFT of full recompute, ms
     rest: float = 0.0  # TTFT without attention, ms
+    baseline_protocol: str | None = None  # the protocol full and rest were timed in
 
     def __post_init__(self):
         lm = self.case.lm
@@ -52,7 +59,12 @@ class CaseRun:
         docs = self.case.bits.layout.docs
         self.base = {"model": self.case.label, "pattern": self.case.pattern, "tokens": self.L,
                      "device": device_name(self.dev), "dtype": str(lm.dtype).replace("torch.", ""), "docs": len(docs),
-                     "doc_tokens": max((d.n_tokens for d in docs), default=0), "tile": self.case.bits.tile}
+                     "doc_tokens": max((d.n_tokens for d in docs), default=0), "tile": self.case.bits.tile,
+                     "protocol": self.protocol}
+
+    @property
+    def protocol(self) -> str:
+        return "graphed" if self.cuda_graphs else "eager"
 
     @property
     def attn_full(self) -> float:
@@ -99,27 +111,36 @@ class CaseRun:
                 return self.forward()
 
         capture_ms = None
-        if self.cuda_graphs:
+        if self.cuda_graphs:  # both captured, both replayed
             with sdpa_pin(dev, kernel), stand_in(self.model, impl):
                 graph = GraphedPrefill(self.case.lm, self.ids)
+            with stand_in(self.model, NOATTN):
+                rest_graph = GraphedPrefill(self.case.lm, self.ids)
             capture_ms = graph.capture_ms
-            full_runs = timed(graph.replay, dev, self.repeat, max(0, self.warmup - 1))
-            del graph
+            run_full, run_rest = graph.replay, rest_graph.replay
         else:
-            full_runs = timed(dense, dev, self.repeat, max(0, self.warmup - 1))
-        self.full = statistics.median(full_runs)
+            graph = rest_graph = None
+            run_full = dense
+
+            def run_rest():
+                with stand_in(self.model, NOATTN):
+                    return self.forward()
+
+        runs = interleaved({"full": run_full, "no-attention": run_rest}, dev, self.repeat, self.warmup)
+        full_runs, rest_runs = runs["full"], runs["no-attention"]
+        self.full, self.rest = statistics.median(full_runs), statistics.median(rest_runs)
+        self.baseline_protocol = self.protocol
         row = {**self.base, "mode": "full", "ttft_ms": self.full, "runs_ms": full_runs,
                "dense_kernel": f"sdpa-{kernel}" + (" (K/V expanded)" if impl else ""), "cuda_graphs": self.cuda_graphs,
-               "capture_ms": capture_ms}
-        self.add_energy(row, dense)
+               "capture_ms": capture_ms, "baseline_protocol": self.baseline_protocol,
+               "attention_ms": self.attn_full, "other_ms": self.rest,
+               "attention_share": self.attn_full / self.full if self.full else None}
+        self.add_energy(row, run_full)
         self.rows.append(row)
-        self.log(f"  {L:>6} full        {self.full:9.1f} ms  ({row['dense_kernel']})")
-        with stand_in(self.model, NOATTN):
-            rest_runs = timed(self.forward, dev, self.repeat, self.warmup)
-        self.rest = statistics.median(rest_runs)
-        self.rows.append({**self.base, "mode": "no-attention", "ttft_ms": self.rest, "runs_ms": rest_runs})
-        row.update(attention_ms=self.attn_full, other_ms=self.rest,
-                   attention_share=self.attn_full / self.full if self.full else None)
+        self.rows.append({**self.base, "mode": "no-attention", "ttft_ms": self.rest, "runs_ms": rest_runs,
+                          "cuda_graphs": self.cuda_graphs, "baseline_protocol": self.baseline_protocol})
+        del graph, rest_graph
+        self.log(f"  {L:>6} full        {self.full:9.1f} ms  ({row['dense_kernel']}, {self.protocol})")
         self.log(f"  {L:>6} no-attention {self.rest:8.1f} ms  → attention {self.attn_full:.1f} ms "
                  f"({100 * self.attn_full / self.full:.0f}%)")
 
@@ -159,26 +180,36 @@ class CaseRun:
             del runs
         counted = [computed_cells(b) for b in block_lists]  # each layer's computed cells, counted once
         cells, blocks = mean_densities(block_lists, counted)
-        ideal = self.full - (1 - cells) * self.attn_full
+        allowed = self._allowed_density(block_lists)
+        ideal = self.full - (1 - allowed) * self.attn_full  # a perfect kernel on the cells the bits select
+        ideal_computed = self.full - (1 - cells) * self.attn_full  # ... on the cells our blocks compute
         mode = f"sift-{backend.name}{label}"
         row = {**self.base, "mode": mode, "ttft_ms": ttft, "runs_ms": runs_ms,
                "lookup_ms": lookup if prompt.source is not None else None, "transfer_ms": transfer,
                "decode_ms": decode, "forward_ms": fwd,
                "attention_ms": None if fwd is None else max(0.0, fwd - self.rest), "other_ms": self.rest,
-               "cell_density": cells, "block_density": blocks,
-               "cells_over_allowed": cells_over_allowed(self.case.bits.to(block_lists[0].offsets.device),
-                                                        block_lists, counted),
+               "cell_density": cells, "allowed_density": allowed, "block_density": blocks,
+               "cells_over_allowed": cells / allowed if allowed else None,
                "query_blocks": opts.query_blocks, "block_m": opts.block_m, "block_n": self.block_n,
                "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
+               "ideal_computed_ms": ideal_computed,
+               "ttft_over_ideal_computed": ttft / ideal_computed if ideal_computed > 0 else None,
                "speedup": self.full / ttft if ttft else None, "decoder": decoder,
-               "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms}
+               "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms, "baseline_protocol": self.baseline_protocol}
         del block_lists
         self.add_energy(row, run)
         self.rows.append(row)
         self.log(f"  {self.L:>6} {mode:<12}{ttft:9.1f} ms  ×{row['speedup']:.2f}  density {cells:.3f}  "
-                 f"cells/allowed {row['cells_over_allowed']:.3f}  ideal {ideal:.1f} ms"
+                 f"cells/allowed {row['cells_over_allowed']:.3f}  ideal {ideal:.1f} ms (computed cells "
+                 f"{ideal_computed:.1f} ms)"
                  + (f"  decode {decode:.1f} ms" if decode is not None else ""))
+
+    def _allowed_density(self, block_lists) -> float:
+        """Pairs the bits allow (SPEC §6's token rule) over all causal pairs, across heads and layers."""
+        bits = self.case.bits.to(block_lists[0].offsets.device)
+        allowed = sum(allowed_cells(bits, layer) for layer in range(len(block_lists)))
+        return allowed / max(1.0, len(block_lists) * block_lists[0].n_heads * self.L * (self.L + 1) / 2)
 
     def _sift_graphed(self, prompt, backend, opts, decoder):
         """SIFT captured once (the copy of the ids and bits, decode and forward), then replayed; each replay's time
@@ -194,6 +225,10 @@ class CaseRun:
     def cacheblend(self, host_kv: HostKV | None) -> None:
         """`cacheblend`: reused KV streamed per layer; compute-only and SSD-modelled times beside it."""
         model, dev = self.model, self.dev
+        if self.cuda_graphs:
+            self.rows.append({**self.base, "mode": "cacheblend", "error": "not in the graphed protocol (its KV is "
+                              "streamed from host memory on a side stream, not captured): run without --cuda-graphs"})
+            return
         if not is_llama_family(model):
             self.rows.append({**self.base, "mode": "cacheblend", "error": "needs a Llama-family model"})
             return
@@ -226,7 +261,8 @@ class CaseRun:
                "kv_bytes": layer_bytes * (cfg.num_hidden_layers - hk.first),
                "kv_source": "pinned host DRAM, streamed per layer" if cuda else "CPU memory",
                "ssd_gbps": self.ssd_gbps, "ssd_model_ms": ssd, "recompute_ratio": self.ratio, "mask": mask,
-               "speedup": self.full / ttft if ttft else None}
+               "speedup": self.full / ttft if ttft else None, "cuda_graphs": False,
+               "baseline_protocol": self.baseline_protocol}
         self.add_energy(row, blend)
         self.rows.append(row)
         self.log(f"  {self.L:>6} cacheblend  {ttft:9.1f} ms  (compute {compute:.1f} ms"

@@ -63,3 +63,16 @@ def device_name(dev) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def interleaved(fns: dict, device, repeat: int, warmup: int) -> dict[str, list[float]]:
+    """Wall-clock ms of each of `fns`, run by run in turn (after `warmup` rounds), so a drift of the device's
+    speed touches them alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            out[name] += timed(fn, device, 1, 0)
+    return out

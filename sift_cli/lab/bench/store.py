@@ -28,6 +28,10 @@ from .store_sets import SHAPES, build_synthetic_set
 SCANS = {"validate": ["validate", "{dir}"], "inspect": ["inspect", "{dir}"], "ids --json": ["ids", "{dir}", "--json"],
          "status --finalize": ["status", "{dir}", "--finalize"]}
 _ROOT = Path(__file__).resolve().parents[3]
+PROTOCOL = ("each measurement in a process of its own; requests of {ids} random ids; warm: {warm} timed after as "
+            "many untimed, the set's store files read into the page cache first; cold: {cold} each after dropping "
+            "the set from the page cache and reopening the store; scans: wall time and peak RSS of the `sift` "
+            "process")
 
 
 def _env() -> dict:
@@ -109,7 +113,8 @@ def run_store_bench(sizes=(10_000, 100_000), shape: str = "smollm2", work_dir: s
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)
-    return {"rows": rows, "ids_per_request": ids, "warm_requests": warm, "cold_requests": cold}
+    return {"rows": rows, "ids_per_request": ids, "warm_requests": warm, "cold_requests": cold,
+            "protocol": PROTOCOL.format(ids=ids, warm=warm, cold=cold)}
 
 
 def _ms(x) -> str:

@@ -1,0 +1,44 @@
+"""Which table of the docs comes from which committed result, and the command that produces that result.
+
+A table is named in a page by its markers (`<!-- table:NAME -->` … `<!-- /table:NAME -->`); its results are
+`docs/results/<file>` for each of its files that is committed (rows of several runs in one table, each run's
+provenance named: e.g. the longest prompts measured in a call of their own). With none committed it renders as "not
+yet re-measured" with its command.
+`experiments/remeasure.py` runs these commands on a GPU and writes the files under these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import tables
+
+
+@dataclass(frozen=True)
+class Published:
+    name: str
+    results: tuple[str, ...]  # file names under docs/results, in the order their rows are shown
+    render: Callable[[dict], str]
+    command: str  # what produces the (first) result (run from the repository root)
+
+
+PREFILL_8B = "sift bench prefill --models llama3-8b --lengths 8k,16k,32k,64k --repeat 3"
+KERNELS = "sift bench kernels --lengths 16k,32k,64k --timing graph"
+
+TABLES = {t.name: t for t in (
+    Published("prefill-8b-eager", ("prefill-8b-eager.json", "prefill-8b-eager-128k.json"), tables.prefill,
+              f"{PREFILL_8B} --modes full,sift,cacheblend --save docs/results/prefill-8b-eager.json"),
+    Published("prefill-8b-graphed", ("prefill-8b-graphed.json", "prefill-8b-graphed-128k.json"), tables.prefill,
+              f"{PREFILL_8B} --modes full,sift --cuda-graphs --save docs/results/prefill-8b-graphed.json"),
+    Published("prefill-smollm2", ("prefill-smollm2.json",), tables.prefill,
+              "sift bench prefill --models smollm2 --lengths 2k,4k,8k --modes full,sift --cuda-graphs "
+              "--save docs/results/prefill-smollm2.json"),
+    Published("kernels-documents", ("kernels.json",), tables.kernels_documents,
+              f"{KERNELS} --save docs/results/kernels.json"),
+    Published("kernels-causal", ("kernels.json",), tables.kernels_causal, f"{KERNELS} --save docs/results/kernels.json"),
+    Published("decode", ("kernels.json",), tables.decode, f"{KERNELS} --save docs/results/kernels.json"),
+    Published("profile", ("profile.json",), tables.profile, "sift bench profile --save docs/results/profile.json"),
+    Published("store", ("store.json",), tables.store,
+              "sift bench store --sizes 10000,100000,1000000 --save docs/results/store.json"),
+)}

@@ -1,0 +1,135 @@
+"""One renderer per published table: a result object (`lab.results`) → a Markdown table of its rows."""
+
+from __future__ import annotations
+
+from .render import num, pct, ratio, table, tokens
+
+
+def _ok(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "error" not in r]
+
+
+def prefill(result: dict) -> str:
+    """`sift bench prefill`: one line per (model, prompt, SIFT mode), the baselines of the same protocol beside."""
+    rows = result["rows"]
+    by_case: dict = {}
+    for r in rows:
+        by_case.setdefault((r.get("model"), r.get("pattern"), r.get("tokens")), {})[r.get("mode")] = r
+    out = []
+    for (model, pattern, n), modes in by_case.items():
+        full, rest, blend = modes.get("full", {}), modes.get("no-attention", {}), modes.get("cacheblend", {})
+        sifts = [m for m in modes if str(m).startswith("sift")] or [None]
+        for mode in sifts:
+            s = modes.get(mode, {}) if mode else modes.get("all", {})  # "all": the case failed or was skipped
+            out.append([model, tokens(n), s.get("protocol") or full.get("protocol", "–"),
+                        num(full.get("ttft_ms")), num(rest.get("ttft_ms")), pct(full.get("attention_share")),
+                        mode or "–", s.get("error", num(s.get("ttft_ms")))[:60], ratio(s.get("speedup"), 2),
+                        ratio(s.get("allowed_density")), ratio(s.get("cell_density")),
+                        ratio(s.get("cells_over_allowed")), ratio(s.get("ttft_over_ideal")),
+                        ratio(s.get("ttft_over_ideal_computed")),
+                        blend.get("error", num(blend.get("ttft_ms")))[:40] if blend else "–",
+                        num(s.get("energy_j"), 2), num(full.get("energy_j"), 2)])
+    return table(["model", "tokens", "protocol", "full ms", "no-attention ms", "attention share", "SIFT mode",
+                  "SIFT ms", "× full", "allowed density", "cell density", "cells/allowed", "TTFT / ideal (bits)",
+                  "TTFT / ideal (computed)", "CacheBlend ms", "SIFT J", "full J"], out)
+
+
+def _attention(rows, documents: bool):
+    """The sparse implementations' rows on document layouts (`documents`) or on causal ones."""
+    return [r for r in _ok(rows) if r.get("kind") == "attention" and r.get("impl") not in (None, "cuDNN SDPA")
+            and (r.get("layout", "causal") != "causal") == documents]
+
+
+def _grouped(rows):
+    """Rows of one configuration (shape, L, blocks, layout, timing) together, by implementation."""
+    groups: dict = {}
+    for r in rows:
+        key = (r["H"], r["H_kv"], r["D"], r["L"], r.get("block_m"), r.get("block_n"), r.get("layout"),
+               r.get("timing", "eager"), round(r.get("density", 0), 4))
+        groups.setdefault(key, {})[r["impl"]] = r
+    return groups
+
+
+def _cudnn(rows, H, D, L, timing):
+    for r in _ok(rows):
+        if (r.get("impl") == "cuDNN SDPA" and r["H"] == H and r["D"] == D and r["L"] == L
+                and r.get("timing", "eager") == timing):
+            return r
+    return {}
+
+
+def kernels_documents(result: dict) -> str:
+    """`sift bench kernels` on document layouts: the kernel beside Flex on the same blocks and dense cuDNN."""
+    rows = result["rows"]
+    out = []
+    for (H, H_kv, D, L, bm, bn, layout, timing, _), impls in _grouped(_attention(rows, True)).items():
+        s, f = impls.get("SIFT cuda", {}), impls.get("FlexAttention", {})
+        out.append([f"{H}/{H_kv}/{D}", tokens(L), layout, f"{bm}×{bn}", pct(s.get("density"), 0),
+                    ratio(s.get("cells_over_allowed")), timing, num(_cudnn(rows, H, D, L, timing).get("ms"), 3),
+                    num(s.get("ms"), 3), num(f.get("ms"), 3) if f.get("ms") else (f.get("note") or "–")[:40],
+                    ratio(s.get("speedup_vs_flex"), 2), num(s.get("tflops"), 0), num(f.get("tflops"), 0),
+                    "–" if f.get("agree") is None else f"{f['agree']:.1e}"])
+    return table(["H/H_kv/D", "L", "layout", "Q×KV block", "density", "cells/allowed", "timing", "cuDNN dense ms",
+                  "SIFT ms", "Flex ms", "Flex ÷ SIFT", "SIFT TFLOP/s", "Flex TFLOP/s", "Flex vs SIFT (rel. diff)"],
+                 out)
+
+
+def kernels_causal(result: dict) -> str:
+    """`sift bench kernels` on causal layouts: throughput per computed tile against dense cuDNN."""
+    rows = result["rows"]
+    out = []
+    for (H, H_kv, D, L, bm, bn, _, timing, dens), impls in _grouped(_attention(rows, False)).items():
+        s, f = impls.get("SIFT cuda", {}), impls.get("FlexAttention", {})
+        cudnn = _cudnn(rows, H, D, L, timing)
+        out.append([f"{H}/{H_kv}/{D}", tokens(L), f"{bm}×{bn}", pct(dens, 0), timing, num(cudnn.get("ms"), 3),
+                    num(cudnn.get("tflops"), 0), num(s.get("ms"), 3), num(s.get("tflops"), 0),
+                    num(s.get("pct_of_cudnn"), 0), num(f.get("ms"), 3), ratio(s.get("speedup_vs_flex"), 2)])
+    return table(["H/H_kv/D", "L", "Q×KV block", "density", "timing", "cuDNN ms", "cuDNN TFLOP/s", "SIFT ms",
+                  "SIFT TFLOP/s", "% of cuDNN", "Flex ms", "Flex ÷ SIFT"], out)
+
+
+def decode(result: dict) -> str:
+    out = [[f"{r['layers']}×{r['heads']}", tokens(r["L"]), r.get("timing", "–"), num(r.get("ctas")),
+            num(r.get("ms_per_layer"), 4), num(r.get("ms_all_layers"), 3)]
+           for r in _ok(result["rows"]) if r.get("kind") == "decode"]
+    return table(["layers × heads", "L", "timing", "CTAs", "ms / layer", "ms, all layers"], out)
+
+
+def profile(result: dict) -> str:
+    """`sift bench profile`: document tokens/s of `sift profile` against dense prefill on the same documents."""
+    out = []
+    for r in result["rows"]:
+        if "error" in r:
+            out.append([r.get("model", ""), r.get("case", ""), "failed", "", "", "", "", ""])
+            continue
+        out.append([r["model"], r["case"], num(r.get("docs")), num(r.get("mean_tokens"), 0),
+                    num(r.get("dense_tok_s"), 0), num(r.get("profile_triton_tok_s"), 0),
+                    ratio(r.get("ratio_triton"), 2), num(r.get("profile_torch_tok_s"), 0)])
+    return table(["model", "documents", "docs", "mean tokens", "dense prefill tok/s", "profile (triton) tok/s",
+                  "÷ dense", "profile (torch) tok/s"], out)
+
+
+def store(result: dict) -> str:
+    """`sift bench store`: a request's bits from sets of 10⁴–10⁶ documents, the serving store beside Parquet."""
+    out = []
+    for r in result["rows"]:
+        for path in ("store", "parquet"):
+            p = r.get(path, {})
+            if "error" in p:
+                out.append([num(r["documents"]), path, f"error: {p['error']}"[:60]] + [""] * 6)
+                continue
+            out.append([num(r["documents"]), path, num(p.get("open_ms"), 2), num(p.get("new_process_ms"), 0),
+                        num(p.get("warm_p50_ms"), 3), num(p.get("warm_p99_ms"), 3), num(p.get("cold_p50_ms"), 2),
+                        num(p.get("cold_p99_ms"), 2), num(p.get("peak_rss_mib"), 0)])
+    return table(["documents", "read path", "open ms", "new process → 1st request ms", "warm p50 ms", "warm p99 ms",
+                  "cold p50 ms", "cold p99 ms", "peak RSS MiB"], out)
+
+
+def rows_table(columns: list[tuple[str, str, int]]):
+    """A renderer of chosen row keys: columns of (header, key, decimals); for results whose rows are flat (an
+    evaluation's owner picks the columns in `published`)."""
+    def render(result: dict) -> str:
+        return table([c[0] for c in columns],
+                     [[num(r.get(key), nd) for _, key, nd in columns] for r in result["rows"]])
+
+    return render
