@@ -108,7 +108,7 @@ def test_dense_and_cached_decode_follow_the_model(models, name):
 def test_featured_models_avoid_the_cuda_kernel(models):
     plain, sinks = features_of(model_of(models, "olmo2")), features_of(model_of(models, "gpt_oss"))
     assert _cuda_refusal(plain) == "head_dim 16 (the kernel has 64 and 128)"
-    assert _cuda_refusal(replace(sinks, head_dim=64)) == "sliding window, sinks"
+    assert _cuda_refusal(replace(sinks, head_dim=64)) is None  # the kernel's variants and its LSE compute them
     assert _cuda_refusal(replace(plain, head_dim=128)) is None
     assert get_backend("auto", torch.device("cpu"), sinks).name == "gather"
     assert resolve_stats("auto", torch.device("cpu"), sinks.names()) == "torch"

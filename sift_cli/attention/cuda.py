@@ -10,6 +10,17 @@ from ..cuda.decode import WorkSpec
 from ..cuda.work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS
 from ..errors import SiftError
 from .base import BlockLists
+from .features import PLAIN, LayerFeatures, apply_sinks
+
+
+def featured_call(plan: SparseAttentionPlan, layer: int, q, k, v, scale: float, features: LayerFeatures):
+    """One layer through `plan` with its features: the window and soft-cap compiled into a kernel variant, the
+    sinks applied to the output through the LSE (`features.apply_sinks`)."""
+    lse = None
+    if features.sinks is not None:
+        lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+    out = plan(layer, q, k, v, lse=lse, scale=scale, variant=plan.variant(features.window, features.softcap))
+    return apply_sinks(out, lse, features.sinks)
 
 
 class CudaBackend:
@@ -44,9 +55,16 @@ class CudaBackend:
         return True, ""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists, scale: float,
-                return_lse: bool = False):
+                return_lse: bool = False, features: LayerFeatures = PLAIN):
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
+        if not features.plain:
+            if return_lse:
+                raise ValueError("the log-sum-exp of a layer with attention features is not computed")
+            b = blocks.to(q.device)
+            plan = SparseAttentionPlan(b.table, b.offsets[None], b.indices[None], q.shape[0], k.shape[0],
+                                       q.shape[2], scale, self.pair, self.split, merge=self.merge)
+            return featured_call(plan, 0, q.contiguous(), k.contiguous(), v.contiguous(), scale, features)
         return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split,
                                         merge=self.merge)
 
@@ -105,6 +123,11 @@ class PlannedAttention:
     def __call__(self, layer, q, k, v, scale):
         plan = self.plan or self._build(q, q.shape[0], k.shape[0], q.shape[2], scale)
         return plan(layer, q, k, v, scale=scale)
+
+    def featured(self, layer, q, k, v, scale, features: LayerFeatures):
+        """A layer with attention features (q [H, L, D], k/v [H_kv, L, D] → [H, L, D]-indexed)."""
+        plan = self.plan or self._build(q, q.shape[0], k.shape[0], q.shape[2], scale)
+        return featured_call(plan, layer, q, k, v, scale, features)
 
     def model_layout(self, layer, query, key, value, scale):
         plan = self.plan or self._build(query, query.shape[1], key.shape[1], query.shape[3], scale)
