@@ -166,3 +166,35 @@ def test_a_window_the_prompt_fits_in_is_plain(models):
     assert feats.for_length(WINDOW).plain and not feats.for_length(WINDOW + 1).plain
     r = check_model(loaded(model, "mistral"), "gather", length=WINDOW)  # the plain gather path, still exact
     assert r["ok"], r
+
+
+@pytest.mark.parametrize("name", FEATURED)
+def test_profile_and_prefill_a_featured_checkpoint(tmp_path, tiny_ckpt, small_corpus, name):
+    """The whole path on a checkpoint with attention features: load (inventory), profile, assemble, prefill. With
+    real bits gather equals the reference backend; with every bit set SIFT equals full recompute."""
+    from sift_cli.attention.reference import ReferenceBackend
+    from sift_cli.models import load_model
+    from sift_cli.prefill.assemble import assemble
+    from sift_cli.prefill.options import PrefillOptions
+    from sift_cli.prefill.report import run_prefill
+    from sift_cli.prefill.run import dense_prefill, sparse_prefill
+    from sift_cli.profile.job import profile_corpus
+    from sift_cli.shards.reader import ShardSet
+
+    from .families import family_checkpoint
+
+    lm = load_model(str(family_checkpoint(tmp_path / name, name, tiny_ckpt)), device="cpu")
+    assert not features_of(lm.model).plain
+    docs = ["doc09", "doc03", "doc11", "doc07"]
+    for cfg, sub in ((ProfileConfig(tile=16, alpha=0.02, beta=0.05, gamma=0.2), "real"),
+                     (ProfileConfig(tile=16, alpha=0.0, beta=0.0, gamma=0.0), "all")):
+        profile_corpus(small_corpus, tmp_path / sub, lm, cfg, num_shards=1)
+        prompt = assemble(ShardSet(tmp_path / sub), lm, docs, "Which fox jumps?")
+        assert len(prompt.input_ids) > 2 * WINDOW
+        x = torch.tensor([prompt.input_ids])
+        ref = sparse_prefill(lm, prompt, ReferenceBackend(), x, PrefillOptions()).logits
+        gather = sparse_prefill(lm, prompt, get_backend("gather", lm.device), x, PrefillOptions()).logits
+        assert (gather - ref).abs().max() <= 1e-4, sub
+    assert (ref - dense_prefill(lm, x).logits).abs().max() <= 1e-4  # every bit set
+    r = run_prefill(lm, prompt, PrefillOptions(backend="auto", repeat=1, warmup=0, max_new_tokens=3))
+    assert r["first_token_match"] and r["same_answer"]
