@@ -202,3 +202,25 @@ def test_profile_and_prefill_a_featured_checkpoint(tmp_path, tiny_ckpt, small_co
     assert (ref - dense_prefill(lm, x).logits).abs().max() <= 1e-4  # every bit set
     r = run_prefill(lm, prompt, PrefillOptions(backend="auto", repeat=1, warmup=0, max_new_tokens=3))
     assert r["first_token_match"] and r["same_answer"]
+
+
+@pytest.mark.parametrize("window", [1, 7, 64, 100, 1000])
+def test_window_lists_drop_only_hidden_blocks(window):
+    from sift_cli.attention.features import LayerFeatures, window_lists
+    from sift_cli.attention.reference import block_sparse_attention
+    from sift_cli.block_table import BlockTable
+    from sift_cli.cuda.checks import random_block_lists
+
+    table = BlockTable.causal(777, 64, 64)
+    lists = random_block_lists(table, 3, 0.5, seed=window)
+    kept = window_lists(lists, window)
+    assert kept.computed_blocks() <= lists.computed_blocks()
+    if window >= 777:
+        assert torch.equal(kept.indices, lists.indices[: kept.indices.numel()])
+    q, k, v = torch.randn(3, 777, 16), torch.randn(1, 777, 16), torch.randn(1, 777, 16)
+    feats = LayerFeatures(window=window, softcap=3.0, sinks=torch.randn(3))
+    a = block_sparse_attention(q, k, v, lists, 0.25, features=feats)
+    b = block_sparse_attention(q, k, v, kept, 0.25, features=feats)
+    assert torch.equal(a, b)
+    if window <= 64:  # a block wholly before row - window is gone
+        assert kept.computed_blocks() < lists.computed_blocks()
