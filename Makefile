@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 DEMO   ?= demo-shards
 
-.PHONY: install demo test test-gpu bench clean
+.PHONY: install demo test test-gpu bench clean readme-numbers
 
 install: $(STAMP)
 
@@ -28,6 +28,17 @@ demo: install
 	$(BIN)/sift inspect $(DEMO)
 	$(BIN)/sift validate $(DEMO)
 	$(BIN)/sift demo-prefill --shards $(DEMO)
+
+# The numbers README.md quotes, measured again (on an idle machine, after `make install`): each step of the demo's
+# wall time, the demo set's sizes as `sift inspect` prints them, and the test run's time.
+readme-numbers: install
+	rm -rf $(DEMO)
+	@bash -c 'TIMEFORMAT="profiling: %R s"; time $(BIN)/sift profile builtin:stdlib-docs --out $(DEMO) >/dev/null'
+	@bash -c 'TIMEFORMAT="checks (inspect, validate): %R s"; time { $(BIN)/sift inspect $(DEMO) >/dev/null && \
+		$(BIN)/sift validate $(DEMO) >/dev/null; }'
+	@bash -c 'TIMEFORMAT="the two questions (demo-prefill): %R s"; time $(BIN)/sift demo-prefill --shards $(DEMO) >/dev/null'
+	@$(BIN)/sift inspect $(DEMO) | grep metadata
+	@bash -c 'TIMEFORMAT="make test (the test run itself): %R s"; time $(BIN)/python -m pytest -q >/dev/null'
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -29,6 +29,7 @@ from .errors import SiftError
 
 FILE_NAME = "sift.toml"
 THRESHOLD_KEYS = ("tile", "alpha", "beta", "gamma")
+RULE_KEYS = ("rule", "epsilon", "ca_epsilon")  # a calibration that chose the mass rule (`config.RULES`)
 
 
 def config_path(explicit: str | Path | None = None) -> Path | None:
@@ -85,11 +86,15 @@ def read_config(path: Path) -> dict:
     prof = data.get("profile", {})
     if not isinstance(prof, dict):
         raise SiftError(f"{path}: [profile] must be a table")
-    unknown = set(prof) - set(THRESHOLD_KEYS)
+    unknown = set(prof) - set(THRESHOLD_KEYS) - set(RULE_KEYS)
     if unknown:
-        raise SiftError(f"{path}: unknown key {sorted(unknown)[0]!r} in [profile] (known: tile, alpha, beta, gamma)")
+        raise SiftError(f"{path}: unknown key {sorted(unknown)[0]!r} in [profile] (known: "
+                        f"{', '.join(THRESHOLD_KEYS + RULE_KEYS)})")
     for key, value in prof.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+        if key == "rule":
+            if value not in ("paper", "mass"):
+                raise SiftError(f"{path}: [profile] rule must be \"paper\" or \"mass\"")
+        elif not isinstance(value, (int, float)) or isinstance(value, bool):
             raise SiftError(f"{path}: [profile] {key} must be a number")
     return data
 
@@ -108,7 +113,7 @@ def write_config(path: str | Path, profile: dict, calibration: dict, comment: st
     p = Path(path)
     lines = [f"# {line}" for line in comment.splitlines()] if comment else []
     lines.append("[profile]")
-    lines.extend(f"{k} = {_toml_value(profile[k])}" for k in THRESHOLD_KEYS)
+    lines.extend(f"{k} = {_toml_value(profile[k])}" for k in THRESHOLD_KEYS + RULE_KEYS if k in profile)
     lines.append("")
     lines.append("[calibration]")
     lines.extend(f"{k} = {_toml_value(v)}" for k, v in calibration.items() if v is not None)

@@ -225,14 +225,18 @@ def _jsonl_values(path: Path, unreadable: str) -> Iterator[tuple[str, object, Va
     stops with one error ending in `unreadable` (what to do)."""
     try:
         with _open_binary(path) as f:
+            first = True
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
                 origin = f"{path}:{lineno}"
+                was_first, first = first, False
                 try:
                     line = raw.decode("utf-8")
                     value = json.loads(line.removeprefix("\ufeff") if lineno == 1 else line)
                 except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    if was_first:
+                        _refuse_one_json_document(path, raw)
                     yield origin, None, exc
                     continue
                 yield origin, value, None
@@ -240,6 +244,16 @@ def _jsonl_values(path: Path, unreadable: str) -> Iterator[tuple[str, object, Va
         raise
     except Exception as exc:  # OSError, EOFError, zstandard's own error type for corrupt frames
         raise SiftError(f"{path}: cannot read ({exc}) — the file is truncated or corrupt: {unreadable}") from exc
+
+
+def _refuse_one_json_document(path: Path, first_line: bytes) -> None:
+    """A first line that opens a JSON array or object without closing it: the file is one (pretty-printed) JSON
+    document, not JSON Lines; one error rather than one per line."""
+    head = first_line.strip().removeprefix(b"\xef\xbb\xbf")
+    if head.startswith(b"[") or head == b"{":
+        raise SiftError(f"{path}: holds one JSON {'array' if head.startswith(b'[') else 'object'} over many lines, "
+                        f"not JSON Lines (one object per line) — write one record per line, e.g. "
+                        f"`jq -c '.[]' FILE > records.jsonl`")
 
 
 def json_lines(path: Path) -> Iterator[tuple[str, object]]:

@@ -35,6 +35,15 @@ def tiny_lm(tiny_ckpt):
     return load_model(str(tiny_ckpt), device="cpu")
 
 
+@pytest.fixture(scope="session")
+def smol_cpu():
+    """The bundled SmolLM2-135M on the CPU, loaded once for every test of the real model (a few seconds each
+    time); tests that swap its attention put it back."""
+    from sift_cli.models import load_model
+
+    return load_model(None, device="cpu")
+
+
 @pytest.fixture
 def small_corpus(tmp_path):
     """Twelve documents of mixed length (a few tokens to a few hundred) from real prose."""

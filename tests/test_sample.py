@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from sift_cli.corpus import CorpusFormat, render
-from sift_cli.models import load_model
 from sift_cli.prefill.generate import greedy_generate
 from sift_cli.prefill.run import dense_prefill
 from sift_cli.sample import SAMPLE_QUESTIONS, sample_documents
@@ -14,8 +13,8 @@ from sift_cli.tokens import prefix_token_ids, suffix_token_ids
 
 @pytest.mark.slow
 @pytest.mark.parametrize("q", SAMPLE_QUESTIONS[:2], ids=lambda q: q.answer)
-def test_demo_questions_are_answered(q):
-    lm = load_model(None, device="cpu")
+def test_demo_questions_are_answered(q, smol_cpu):
+    lm = smol_cpu
     texts = dict(sample_documents())
     ids = list(prefix_token_ids(lm.tokenizer))
     for d in q.doc_ids:  # as `sift profile` reads the sample corpus: one .txt file each, no title

@@ -13,15 +13,17 @@ Commands import the library and the lab when they run, so that `sift --help` doe
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 from rich.markup import escape
 
 from ..errors import SiftError, debug_enabled, error_line
+from ..output_dirs import disk_full_error, is_disk_full
 from . import check, prefill, profile, shards
 from .bench import bench_app
-from .console import Interrupted, err
+from .console import Interrupted, OutputClosed, err
 from .eval import calibrate, eval_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -59,6 +61,9 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except OutputClosed:  # the reader went away (`sift ids DIR | head -1`): end quietly, as Unix tools do
+        _quiet_stdout()
+        sys.exit(0)
     except Interrupted as exc:
         err.print(f"[red]interrupted[/] — {escape(str(exc))}")
         sys.exit(130)
@@ -71,7 +76,21 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if debug:
             raise
+        if is_disk_full(exc):  # a command that knows its output folder says it itself (sift profile)
+            full = disk_full_error(exc)
+            err.print(f"[red]error:[/] {escape(str(full))}")
+            sys.exit(full.exit_code)
         err.print(f"[red]error:[/] {escape(error_line(exc))} (set SIFT_DEBUG=1 for the traceback)")
         sys.exit(1)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still buffered for the closed
+    pipe does not fail again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture)
+        pass
 
 

@@ -12,6 +12,8 @@ from rich.console import Console, ConsoleDimensions
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
 from rich.text import Text
 
+from ..sizes import binary_bytes as human_bytes  # noqa: F401  (the commands' byte format)
+
 LOG_WIDTH = 1000  # columns of a console that is not a terminal: tables in logs keep every value whole
 
 
@@ -29,6 +31,17 @@ class _Console(Console):
     @size.setter
     def size(self, new_size) -> None:
         Console.size.fset(self, new_size)
+
+    def on_broken_pipe(self) -> None:
+        """The reader of our output went away (`sift inspect DIR | head -1`): stop writing; `cli.main` ends with
+        exit 0, as Unix tools do (rich's default exits 1)."""
+        self.quiet = True
+        raise OutputClosed
+
+
+class OutputClosed(Exception):
+    """The reader of stdout went away (a broken pipe: `sift ids DIR | head -1`). Not an OSError, which click
+    would turn into exit 1 before `cli.main` sees it; `main` ends quietly with exit 0, as Unix tools do."""
 
 
 class Interrupted(Exception):
@@ -55,15 +68,23 @@ class TimeLeftColumn(ProgressColumn):
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=_default) + "\n")
-    sys.stdout.flush()
+    _write(json.dumps(obj, indent=2, sort_keys=False, default=_default) + "\n")
 
 
 def print_plain(lines) -> None:
     """Lines on stdout exactly as given (tabs kept, no markup, no wrapping): output meant for `cut`, `grep`."""
     for line in lines:
-        sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+        _write(line + "\n", flush=False)
+    _write("")
+
+
+def _write(text: str, flush: bool = True) -> None:
+    try:
+        sys.stdout.write(text)
+        if flush:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise OutputClosed from None
 
 
 def _default(o):
@@ -93,16 +114,6 @@ def progress(description: str, enabled: bool = True, unit: str | None = None):
 
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 def fmt(x, nd=3) -> str:

@@ -10,7 +10,8 @@ import typer
 
 from ..errors import SiftError
 from .console import out, print_json, progress
-from .eval_tables import render_calibrate, render_qa, render_recall, render_storage, render_sweep
+from .eval_tables import (render_calibrate, render_frontier, render_qa, render_recall, render_storage,
+                          render_sweep)
 from .options import (AlphaOpt, BackendOpt, BetaOpt, BlockMOpt, BlockNOpt, DataOpt, DeviceOpt, DtypeOpt, GammaOpt,
                       JsonOpt, ModelOpt, PlotOpt, SeedOpt, ThreadsOpt, TileOpt, TilesOpt, WorkOpt)
 from .results import finish
@@ -132,6 +133,12 @@ def qa(
                                                                   "(as its released code)"),
     tile: int = TileOpt, alpha: float = AlphaOpt, beta: float = BetaOpt, gamma: float = GammaOpt,
     block_m: int = BlockMOpt, block_n: int = BlockNOpt,
+    rule: str = typer.Option("paper", "--rule", help="selection rule of SIFT's bits: paper (--alpha, --beta, "
+                                                     "--gamma) or mass (--epsilon, --ca-epsilon)"),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="--rule mass: per-row dropped mass bound"),
+    ca_epsilon: Optional[float] = typer.Option(None, "--ca-epsilon", help="--rule mass: CA dropped share bound"),
+    noise_floor: bool = typer.Option(True, "--noise-floor/--no-noise-floor", help="also answer with full "
+                                     "recompute in the reference precision (each mode's KL as a multiple of it)"),
     results: Optional[Path] = typer.Option(None, "--results", help="JSONL of per-question results: appended as "
                                                                   "they finish; a re-run resumes from it"),
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
@@ -144,9 +151,13 @@ def qa(
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     sizes = _ints(n_docs, "--n-docs")
+    selection = ({"rule": "mass", "epsilon": epsilon, "ca_epsilon": ca_epsilon} if rule == "mass"
+                 else {"rule": rule, "epsilon": epsilon, "ca_epsilon": ca_epsilon, "alpha": alpha, "beta": beta,
+                       "gamma": gamma})
     result = qa_report(_model(model, device, dtype, threads), records, nq, sizes, questions, gold_position, seed,
                        mode_list, backend, max_new_tokens, ratio, blend_mask, tile, alpha, beta, gamma, block_m,
-                       block_n, results, data_dir, work, progress_bar=_bars(as_json))
+                       block_n, results, data_dir, work, progress_bar=_bars(as_json), noise_floor=noise_floor,
+                       selection=selection)
     finish(result, save, plot, "plot_qa", as_json, lambda res: [render_qa(r) for r in res["runs"]])
 
 
@@ -185,6 +196,40 @@ def sweep(
     finish(res, save, plot, "plot_sweep", as_json, render_sweep)
 
 
+# ---- eval frontier -----------------------------------------------------------------------------------------------
+
+@eval_app.command()
+def frontier(
+    sets: str = typer.Option("essays,nq10,nq20,pairs", "--sets", help="prompt sets: essays, nq10, nq20, pairs "
+                                                                     "(two NQ questions, two gold passages)"),
+    n_prompts: int = typer.Option(20, "--n-prompts", help="prompts per set"),
+    paper: Optional[str] = typer.Option(None, "--paper-points", help="paper-rule points 'T,α,β,γ;…' (default: "
+                                                                     "five around the paper's defaults)"),
+    mass: Optional[str] = typer.Option(None, "--mass-points", help="mass-rule points 'ε,ε';…' (default: seven "
+                                                                   "from 0.002 to 0.2)"),
+    tile: int = typer.Option(64, "--tile", help="the mass rule's tile size"),
+    essay_words: int = typer.Option(1000, "--essay-words", help="words kept of each essay"),
+    seed: int = SeedOpt,
+    block_m: Optional[int] = typer.Option(None, "--block-m", help="query block rows (default: the backend's)"),
+    block_n: int = BlockNOpt,
+    max_new_tokens: int = typer.Option(12, "--max-new-tokens", help="greedy tokens compared per prompt"),
+    backend: str = BackendOpt,
+    model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    data_dir: Optional[Path] = DataOpt, threads: int = ThreadsOpt,
+    plot: Optional[Path] = PlotOpt, save: Optional[Path] = typer.Option(None, "--save", help="write the result "
+                                                                                             "JSON here"),
+    as_json: bool = JsonOpt,
+):
+    """Computed density against KL, first token and answer for the paper and mass rules, beside the noise floor."""
+    from ..lab.eval.frontier import MASS_POINTS, PAPER_POINTS, frontier_report
+
+    names = [x.strip() for x in sets.split(",") if x.strip()]
+    res = frontier_report(_model(model, device, dtype, threads), names, n_prompts, paper or PAPER_POINTS,
+                          mass or MASS_POINTS, tile, seed, backend, block_m, block_n, max_new_tokens, data_dir,
+                          essay_words, progress_bar=_bars(as_json))
+    finish(res, save, plot, "plot_frontier", as_json, render_frontier)
+
+
 # ---- eval storage ----------------------------------------------------------------------------------------------
 
 @eval_app.command()
@@ -213,6 +258,14 @@ def calibrate(
     min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="target: first-token agreement "
                                                                                 ">= this (0..1)"),
     min_recall: Optional[float] = typer.Option(None, "--min-recall", help="target: min(LA, CA) recall >= this"),
+    max_kl_over_noise: Optional[float] = typer.Option(None, "--max-kl-over-noise", help="target: the median over "
+                                                      "prompts of KL(full ‖ SIFT) over the prompt's numeric noise "
+                                                      "floor <= this (docs/evaluation.md)"),
+    rule: str = typer.Option("paper", "--rule", help="candidates of the paper rule (--points or --tiles/--alphas/"
+                                                     "--betas/--gammas) or the mass rule (--epsilons, "
+                                                     "--ca-epsilons, one --tiles)"),
+    epsilons: str = typer.Option("0.005,0.01,0.02,0.05,0.1", "--epsilons", help="--rule mass: ε candidates"),
+    ca_epsilons: str = typer.Option("0.02,0.05,0.1", "--ca-epsilons", help="--rule mass: ε' candidates"),
     n_prompts: int = typer.Option(4, "--n-prompts", help="prompts sampled from the corpus"),
     docs_per_prompt: int = typer.Option(5, "--docs-per-prompt"),
     queries: Optional[Path] = typer.Option(None, "--queries", help="file of typical user questions, one per line"),
@@ -239,8 +292,16 @@ def calibrate(
     from ..corpus import corpus_format
     from ..lab.eval.calibrate import Target, calibrate_corpus
 
-    pts = _points(points, tiles, alphas, betas, gammas)
-    target = Target(max_kl, min_agreement, min_recall)
+    if rule not in ("paper", "mass"):
+        raise SiftError(f"--rule {rule}: expected paper or mass")
+    if rule == "mass":
+        from ..lab.eval.mass_grid import MassPoint
+
+        pts = [MassPoint(t, e, c) for t in _ints(tiles, "--tiles") for e in _floats(epsilons, "--epsilons")
+               for c in _floats(ca_epsilons, "--ca-epsilons")]
+    else:
+        pts = _points(points, tiles, alphas, betas, gammas)
+    target = Target(max_kl, min_agreement, min_recall, max_kl_over_noise)
     res = calibrate_corpus(_model(model, device, dtype, threads), corpus, pts, target,
                            corpus_format(id_field, text_field, title_field, template), n_prompts, docs_per_prompt,
                            queries, seed, backend, block_m, block_n, max_new_tokens, config_out, dry_run,

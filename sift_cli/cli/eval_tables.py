@@ -44,16 +44,19 @@ def render_qa(r: dict) -> None:
               f"{r['cacheblend']['mask']})")
     t = Table(show_edge=False)
     t.add_column("mode", no_wrap=True)
-    for col in ("n", "accuracy", "same answer as full", "same first token", "KL mean", "TTFT ms", "density"):
+    for col in ("n", "accuracy", "same answer as full", "same first token", "KL mean", "KL median", "× noise",
+                "density"):
         t.add_column(col, justify="right")
     for mode, s in r["summary"].items():
-        t.add_row(mode, str(s["n"]), pct(s["accuracy"]), pct(s["agreement_with_full"]),
-                  pct(s["first_token_agreement"]), fmt(s["kl_mean"]), f"{s['ttft_ms_median']:.0f}",
+        name = f"full in {s['reference_dtype']} (noise floor)" if mode == "noise_floor" else mode
+        m = s.get("kl_over_noise_median")
+        t.add_row(name, str(s["n"]), pct(s["accuracy"]), pct(s["agreement_with_full"]),
+                  pct(s["first_token_agreement"]), fmt(s["kl_mean"]), fmt(s["kl_median"]),
+                  "-" if m is None else f"{m:.2g}×",
                   pct(s.get("cell_density_mean")) if "cell_density_mean" in s else "-")
     out.print(t)
-    if r["backend"] == "reference":
-        out.print("  TTFT here is the reference implementation's (PyTorch, no kernel): fidelity, not speed — "
-                  "`sift bench prefill` measures speed on a GPU")
+    out.print("  [dim]no time to first token here: each question is a new prompt shape, run once per mode; "
+              "`sift bench prefill` times modes warm, per shape[/]")
 
 
 def render_sweep(res: dict) -> None:
@@ -110,24 +113,74 @@ def render_storage(res: dict, tile: int) -> None:
               "per prompt at 15K / 32K / 64K")
 
 
+def _rule_params(p: dict) -> str:
+    if p.get("rule") == "mass":
+        return f"mass ε={p['epsilon']:g} ε'={p['ca_epsilon']:g}"
+    return f"α={p['alpha']:g} β={p['beta']:g} γ={p['gamma']:g}"
+
+
 def render_calibrate(res: dict) -> None:
     out.print(f"[bold]calibrate[/]: target {res['target']}; {res['prompt_set']['prompts']} prompts of "
               f"{res['prompt_set']['docs_per_prompt']} documents ({res['dense_tokens']} tokens); "
               f"{len(res['candidates'])} candidates, {len(res['evaluated'])} evaluated (sparsest first)")
+    nf = res["noise_floor"]
+    out.print(f"noise floor (full recompute {nf['reference_dtype']} vs served): median KL {fmt(nf['kl_median'], 2)}, "
+              f"first token {pct(nf['first_token_agreement'])}, answer {pct(nf['same_answer'])}")
     t = Table(show_edge=False)
-    for c in ("T", "α", "β", "γ", "density", "KL mean", "first token", "recall", "meets target"):
+    for c in ("T", "parameters", "density", "KL mean", "KL median", "× noise", "first token", "recall",
+              "meets target"):
         t.add_column(c, justify="right")
     for p in res["evaluated"]:
-        t.add_row(str(p["tile_size"]), f"{p['alpha']:g}", f"{p['beta']:g}", f"{p['gamma']:g}", f"{p['density']:.3f}",
-                  fmt(p["kl_mean"], 2), pct(p["first_token_agreement"]), pct(p.get("recall")),
-                  "[green]yes[/]" if p["meets_target"] else "no")
+        m = p.get("kl_over_noise_median")
+        t.add_row(str(p["tile_size"]), _rule_params(p), f"{p['density']:.3f}", fmt(p["kl_mean"], 2),
+                  fmt(p["kl_median"], 2), "-" if m is None else f"{m:.2g}×", pct(p["first_token_agreement"]),
+                  pct(p.get("recall")), "[green]yes[/]" if p["meets_target"] else "no")
     out.print(t)
     c = res["chosen"]
     if c is None:
         err.print(f"[red]no candidate meets the target[/] ({escape(res['target'])}); nothing written: "
                   f"{escape(res['advice'])}")
         return
-    out.print(f"chosen: T={c['tile_size']} α={c['alpha']:g} β={c['beta']:g} γ={c['gamma']:g} — computes "
-              f"{pct(c['density'])} of causal attention cells")
+    out.print(f"chosen: T={c['tile_size']} {_rule_params(c)} — computes {pct(c['density'])} of causal attention "
+              f"cells")
     if res.get("config"):
         out.print(f"wrote {res['config']}: `sift profile` uses these thresholds by default")
+
+
+def render_frontier(res: dict) -> None:
+    for r in res["sets"]:
+        ps, nf, c = r["prompt_set"], r["noise_floor"], r["comparison"]
+        out.print(f"[bold]{escape(r['set'])}[/]: {ps['prompts']} prompts, {min(r['tokens'])}..{max(r['tokens'])} "
+                  f"tokens ({escape(ps['source'])}); noise floor (full {nf['reference_dtype']} vs served): median "
+                  f"KL {fmt(nf['kl_median'], 2)}, first token {nf['first_token_same_count']}/{nf['n']}, answer "
+                  f"{nf['same_answer_count']}/{nf['n']}")
+        t = Table(show_edge=False)
+        for col in ("rule", "parameters", "cells computed", "KL median", "KL p90", "× noise", "same first token",
+                    "same answer"):
+            t.add_column(col, justify="right" if col not in ("rule", "parameters") else "left")
+        for rule, points in r["rules"].items():
+            for p in sorted(points, key=lambda p: p["density"]):
+                params = (f"ε={p['epsilon']:g} ε'={p['ca_epsilon']:g}" if rule == "mass"
+                          else f"α={p['alpha']:g} β={p['beta']:g} γ={p['gamma']:g}")
+                m = p["kl_over_noise_median"]
+                t.add_row(rule, f"T={p['tile_size']} {params}", pct(p["density"]), fmt(p["kl_median"], 2),
+                          fmt(p["kl_p90"], 2), "-" if m is None else f"{m:.2g}×",
+                          f"{p['first_token_same_count']}/{p['n']}", f"{p['same_answer_count']}/{p['n']}")
+        out.print(t)
+        d = c.get("at_paper_default")
+        if d:
+            ratio = "-" if d["kl_ratio"] is None else f"{d['kl_ratio']:.2f}×"
+            out.print(f"  at the paper defaults' density ({pct(d['density'])}): mass KL {fmt(d['mass_kl_median'], 2)} "
+                      f"vs paper {fmt(d['paper_kl_median'], 2)} ({ratio}; target ≤ "
+                      f"{res['targets']['kl_ratio_at_paper_default']:g}×): {'met' if d['met'] else 'not met'}")
+        w = c["within_noise"]
+        if w["mass_point"] is None:
+            out.print(f"  no mass setting is within {res['targets']['noise_multiple']:g}× the noise floor: not met")
+        else:
+            paper = ("never, in its range" if w["paper_density_for_same_kl"] is None
+                     else pct(w["paper_density_for_same_kl"]))
+            out.print(f"  sparsest mass setting within {res['targets']['noise_multiple']:g}× the noise floor: "
+                      f"{pct(w['mass_density'])} of the cells; the paper rule needs {paper} for that KL: "
+                      f"{'met' if w['met'] else 'not met'}")
+    verdict = "dominates" if res["mass_dominates_everywhere"] else "does not dominate"
+    out.print(f"[bold]the mass rule {verdict} the paper rule on every set[/] (docs/evaluation.md says what follows)")

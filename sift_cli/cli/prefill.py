@@ -12,6 +12,8 @@ from rich.table import Table
 from .console import err, out, pct, print_json, progress
 from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
 
+PROFILE_MISSING_FAILED = 5  # exit code: the prefill ran and its report is printed; --profile-missing failed after
+
 
 def prefill(
     shards_dir: Path = typer.Option(..., "--shards", help="shard directory made by `sift profile`"),
@@ -24,7 +26,8 @@ def prefill(
                                                           "CPU), gather, reference (checking only), flex or cuda"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    max_new_tokens: int = typer.Option(16, "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="answer tokens generated after the prefill "
+                                                                 "(0: none, the first-token check only)"),
     repeat: Optional[int] = typer.Option(None, "--repeat", help="timed runs of each mode, median reported "
                                                                 "(default: 3 on a GPU, 1 on a CPU)"),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="untimed runs of each mode first (default: 1 on a "
@@ -42,6 +45,9 @@ def prefill(
     profile_missing: Optional[Path] = typer.Option(None, "--profile-missing", help="shard set the prompt also "
                                                    "reads, where documents no set holds are profiled afterwards "
                                                    "for the next prompt (created if needed)"),
+    noise_floor: bool = typer.Option(True, "--noise-floor/--no-noise-floor", help="also run full recompute in a "
+                                     "reference precision (untimed) and report SIFT's KL as a multiple of that "
+                                     "numeric noise (docs/evaluation.md)"),
     trust_remote_code: bool = TrustOpt,
     online: bool = OnlineOpt,
     as_json: bool = JsonOpt,
@@ -53,7 +59,8 @@ def prefill(
 
     documents, question = read_documents(docs, corpus_format(template=template)), read_query(query)
     opts = PrefillOptions(backend=backend, block_m=block_m, block_n=block_n, query_blocks=query_blocks,
-                          cuda_graphs=cuda_graphs, repeat=repeat, warmup=warmup, max_new_tokens=max_new_tokens)
+                          cuda_graphs=cuda_graphs, repeat=repeat, warmup=warmup, max_new_tokens=max_new_tokens,
+                          noise_floor=noise_floor)
     _run_prefill(shards_dir, documents, question, model, device, dtype, opts, trust_remote_code, online, as_json,
                  profile_missing)
 
@@ -69,9 +76,16 @@ def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_r
         print_json(report)
     else:
         render_prefill(report, question)
+    failed = (report.get("profiled_missing") or {}).get("error")
+    if failed:  # the prefill's report is out; profiling its missing documents for the next prompt failed
+        err.print(f"[red]error:[/] profiling the missing documents into {escape(str(profile_missing))} failed: "
+                  f"{escape(failed)}")
+        raise typer.Exit(PROFILE_MISSING_FAILED)
 
 
 def render_prefill(r: dict, question: str) -> None:
+    from ..prefill.noise import noise_line
+
     pt = r["prompt_tokens"]
     out.print(f"[bold]prompt[/]: {pt['total']} tokens = prefix {pt['prefix']} + {len(pt['docs'])} documents "
               f"{pt['docs']} + suffix {pt['suffix']}   ({r['model']}, {r['device']}, {r['dtype']})")
@@ -102,12 +116,14 @@ def render_prefill(r: dict, question: str) -> None:
     out.print(f"speed-up {r['speedup']:.2f}×   {decode}first token "
               f"{'same' if r['first_token_match'] else 'DIFFERENT'}   KL {r['kl']:.2e}   "
               f"max |Δlogit| {r['max_abs_logit_diff']:.3f}")
+    if r.get("noise_floor"):
+        out.print(noise_line(r["noise_floor"]))
     if r.get("cuda_graphs"):
         c = r["capture_ms"]
         out.print(f"CUDA graphs: capture {c['dense']:.0f} ms (full) and {c['sift']:.0f} ms (SIFT), not in TTFT; graph "
                   f"logits {'equal' if r['graph_logits_equal_eager'] else 'DIFFER FROM'} eager SIFT's")
     added = r.get("profiled_missing")
-    if added is not None:
+    if added is not None and "error" not in added:
         extra = "".join(f", {len(added[k])} {k.replace('_', ' ')}" for k in ("conflicts", "skipped_too_long")
                         if added[k])
         out.print(f"profiled for the next prompt: {len(added['added'])} documents into {escape(added['out'])} "

@@ -26,6 +26,14 @@ def profile(
     beta: Optional[float] = typer.Option(None, "--beta", help="CA score threshold (default 0.01 or sift.toml's)"),
     gamma: Optional[float] = typer.Option(None, "--gamma", help="CA concentration threshold (default 0.10 or "
                                                                 "sift.toml's)"),
+    rule: Optional[str] = typer.Option(None, "--rule", help="how tiles and pages are chosen: paper (thresholds α, "
+                                                            "β, γ; the default) or mass (bounds ε, ε' on the "
+                                                            "attention mass dropped; docs/evaluation.md)"),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="--rule mass: the most attention mass a "
+                                                                    "document query row drops (default 0.02)"),
+    ca_epsilon: Optional[float] = typer.Option(None, "--ca-epsilon", help="--rule mass: the largest share of a "
+                                                                          "document's mean later-query mass its "
+                                                                          "CA pages drop (default 0.05)"),
     config: Optional[Path] = typer.Option(None, "--config", help="thresholds file written by `sift calibrate` "
                                                                   "(default: $SIFT_CONFIG, else ./sift.toml)"),
     device: str = DeviceOpt,
@@ -69,7 +77,8 @@ def profile(
     worker = ProfileWorker.start(corpus, out_dir, model=model, device=device, dtype=dtype,
                                  trust_remote_code=trust_remote_code, online=online,
                                  flags={"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma,
-                                        "batch_tokens": batch_tokens, "stats": stats},
+                                        "batch_tokens": batch_tokens, "stats": stats, "rule": rule,
+                                        "epsilon": epsilon, "ca_epsilon": ca_epsilon},
                                  read_config_file=True, config_file=config, fmt=fmt, num_shards=num_shards,
                                  docs_per_shard=docs_per_shard, strict=strict, prefix_text=prefix_text, rank=rank,
                                  world_size=world_size, from_process_start=True)
@@ -81,6 +90,12 @@ def profile(
     except KeyboardInterrupt:
         raise Interrupted("run the same command again to resume: finished shards are kept, the others are "
                           "redone") from None
+    except OSError as exc:
+        from ..output_dirs import disk_full_error, is_disk_full
+
+        if is_disk_full(exc):
+            raise disk_full_error(exc, out_dir) from exc
+        raise
     lm, rank_ = worker.lm, worker.rank
     if as_json:
         print_json({**report.to_json(), "worker": rank_.to_json(), "device": str(lm.device)})
@@ -88,7 +103,10 @@ def profile(
     if rank_.world_size > 1:
         out.print(f"worker {rank_.rank} of {rank_.world_size} ({rank_.source}): {len(worker.only_shards)} of "
                   f"{report.num_shards} shards are this worker's")
-    out.print(f"[bold]{report.out}[/]: {report.documents} documents in {report.num_shards} shards")
+    # the corpus's records, bad ones included (report.documents counts the readable ones, too long ones included)
+    records = report.documents + len(report.skipped) - len(report.skipped_too_long)
+    skipped = f" ({len(report.skipped)} skipped, below)" if report.skipped else ""
+    out.print(f"[bold]{report.out}[/]: {records} documents in {report.num_shards} shards{skipped}")
     out.print(f"  profiled {report.profiled} documents ({report.tokens} tokens) in {report.seconds:.1f} s "
               f"= {report.tokens_per_second:,.0f} tokens/s on {lm.device}")
     if report.startup:

@@ -47,7 +47,9 @@ def inspect(
               f"(per document {s['tokens_min']}..{s['tokens_max']}, mean {s['tokens_mean']:.0f})")
     out.print(f"  model {s['model']['name']}  ({s['n_layers']} layers × {s['n_heads']} heads, "
               f"{s['n_kv_heads']} KV heads, head_dim {s['head_dim']})")
-    out.print(f"  T={s['tile_size']}  α={s['alpha']}  β={s['beta']}  γ={s['gamma']}  "
+    rule = (f"rule mass  ε={s['epsilon']}  ε'={s['ca_epsilon']}" if s["rule"] == "mass"
+            else f"rule paper  α={s['alpha']}  β={s['beta']}  γ={s['gamma']}")
+    out.print(f"  T={s['tile_size']}  {rule}  "
               f"tiles {s['tiles']:,}  pages {s['pages']:,}")
     out.print(f"  LA density {pct(s['la_density'])}   CA density {pct(s['ca_density'])}")
     out.print(f"  metadata {human_bytes(s['metadata_bytes'])} ({human_bytes(s['shard_bytes_on_disk'])} on disk "

@@ -127,3 +127,23 @@ def plot_storage(result: dict, path) -> Path:
     ax.set_ylabel("KV bytes / SIFT bytes")
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def plot_frontier(result: dict, path) -> Path:
+    """Per prompt set: computed cell density against median KL, one line per rule, the noise floor and 2× it."""
+    plt = _plt()
+    sets = result["sets"]
+    fig, axes = plt.subplots(1, len(sets), figsize=(4.5 * len(sets), 4), squeeze=False)
+    for ax, r in zip(axes[0], sets):
+        for rule, points in r["rules"].items():
+            pts = sorted(points, key=lambda p: p["density"])
+            ax.plot([p["density"] for p in pts], [max(p["kl_median"], 1e-9) for p in pts], "o-", label=rule)
+        floor = max(r["noise_floor"]["kl_median"], 1e-9)
+        ax.axhline(floor, ls=":", c="gray", label="noise floor")
+        ax.axhline(2 * floor, ls="--", c="gray", label="2× noise floor")
+        ax.set_yscale("log")
+        ax.set_title(r["set"])
+        ax.set_xlabel("computed share of causal cells")
+        ax.set_ylabel("median KL(full ‖ SIFT)")
+        ax.legend(fontsize=8)
+    return _save(fig, path)

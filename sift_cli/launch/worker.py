@@ -25,6 +25,7 @@ from ..config import ProfileConfig, ResolvedConfig, resolve_profile_config  # no
 from ..corpus import Corpus, CorpusFormat, load_corpus  # noqa: E402
 from ..errors import SiftError  # noqa: E402
 from ..models import LoadedModel, load_model  # noqa: E402
+from ..profile.checks import check_out_before_model  # noqa: E402
 from ..profile.forward import launch_profile_batch  # noqa: E402
 from ..profile.job import STRICT_REMEDY, ProfileReport, profile_corpus  # noqa: E402
 from ..sample import resolve_corpus  # noqa: E402
@@ -92,7 +93,8 @@ class ProfileWorker:
             only = owned_shards(num_shards, worker.rank, worker.world_size)
         # the flags, sift.toml and the corpus are checked before the model loads (seconds); every bad document is
         # listed at once (with strict they stop the run, else they are skipped and reported)
-        resolve_profile_config("cpu", flags, read_file=read_config_file, config_file=config_file)
+        asked = resolve_profile_config("cpu", flags, read_file=read_config_file, config_file=config_file)
+        check_out_before_model(out, asked.profile)
         with clock.phase("read_corpus"):
             corpus = load_corpus(corpus, fmt).check(STRICT_REMEDY) if strict else load_corpus(corpus, fmt)
         lm = load_model(model, device=worker_device(device, worker.local_rank), dtype=dtype,
@@ -113,7 +115,7 @@ class ProfileWorker:
         record = WorkerRecord(self.out, self.rank.to_json(), str(self.lm.device), self.startup)
 
         def tick(done: int, total: int) -> None:
-            if not record.written:
+            if done and not record.written:  # once a batch (or a layer of one) is done, not at the first 0
                 record.write(state="profiling")
             if progress:
                 progress(done, total)

@@ -58,6 +58,25 @@ def check_model_matches(shards: ShardSource, lm: LoadedModel) -> None:
             raise SiftError(f"{shards.dir}: {key} is {meta[key]}, the model has {value}")
 
 
+def missing_ids_error(sets: list[ShardSource], doc_ids: list[str]) -> SiftError:
+    """The error for ids no set holds and no text was given for: why each was skipped at profile time, or that
+    no set has it; one line, or a line per id under a count when there are several."""
+    lines = []
+    for doc_id in doc_ids:
+        skipped = next((s for s in sets if s.skip_reason(doc_id) is not None), None)
+        if skipped is not None:  # say why it was not profiled
+            lines.append(skipped.absent(doc_id))
+            continue
+        where = (f"the shard set {sets[0].dir}" if len(sets) == 1
+                 else f"any of the shard sets {', '.join(str(x.dir) for x in sets)}")
+        lines.append(f"doc_id {doc_id!r} is not in {where} and no text was given for it — give the document as a "
+                     f"file or a JSONL record, or profile it first")
+    if len(lines) == 1:
+        return SiftError(lines[0])
+    return SiftError(f"{len(lines)} documents of the prompt are not in its shard sets and no text was given for "
+                     f"them — give them as files or JSONL records, or profile them first", lines)
+
+
 def doc_id_of(doc: str | Document) -> str:
     """The id of a prompt document given by id or as text."""
     return doc.doc_id if isinstance(doc, Document) else doc
@@ -133,13 +152,7 @@ def assemble(shards: ShardSource | list[ShardSource], lm: LoadedModel, docs: lis
                 dense.append(DenseDocument(doc_id, NOT_PROFILED if rec is None else TEXT_DIFFERS, len(t), d))
         else:
             if rec is None:
-                skipped = next((s for s in sets if s.skip_reason(doc_id) is not None), None)
-                if skipped is not None:  # say why it was not profiled
-                    raise SiftError(skipped.absent(doc_id))
-                where = (f"the shard set {sets[0].dir}" if len(sets) == 1
-                         else f"any of the shard sets {', '.join(str(x.dir) for x in sets)}")
-                raise SiftError(f"doc_id {doc_id!r} is not in {where} and no text was given for it — give the "
-                                f"document as a file or a JSONL record, or profile it first")
+                raise missing_ids_error(sets, [doc_id])
             t, same = rec.tokens, True
         tokens.append(t)
         la.append(rec.la_bits if same else None)

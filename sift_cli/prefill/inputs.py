@@ -30,6 +30,9 @@ def read_documents(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> list
     entry per line: a doc_id, or a .txt/.md file (relative to the docs file's folder, else to the working
     directory) whose text is the document, its id the file's stem as `sift profile` names it."""
     p = Path(path)
+    if p.is_dir():
+        raise SiftError(f"--docs {path} is a folder — give a file listing the prompt's documents, one per line, "
+                        f"or a JSONL of {{id[, text]}} records")
     if not p.is_file():
         raise SiftError(f"docs file not found: {path}")
     if p.name.lower().endswith(JSONL_SUFFIXES):
@@ -65,6 +68,8 @@ def _jsonl_documents(path: Path, fmt: CorpusFormat) -> list[str | Document]:
 
 def read_query(path: str | Path) -> str:
     p = Path(path)
+    if p.is_dir():
+        raise SiftError(f"--query {path} is a folder — give the file holding the question")
     if not p.is_file():
         raise SiftError(f"query file not found: {path}")
     try:

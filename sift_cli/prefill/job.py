@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..attention.backends import get_backend
 from ..corpus import Document
-from ..models import load_model, resolve_device
+from ..errors import SiftError, error_line
+from ..models import load_model
+from ..output_dirs import disk_full_error, is_disk_full
 from ..sample import SAMPLE_QUESTIONS
 from .assemble import assemble
-from .lookup import open_set, open_sets_timed
+from .checks import check_ids_held, check_prefill_inputs
+from .lookup import open_set
 from .missing import check_destination, profile_dense_documents
-from .options import PrefillOptions, check_options
+from .options import PrefillOptions
 from .report import run_prefill
 
 
@@ -26,9 +28,7 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
     set, and afterwards the documents no set holds are profiled into it for the next prompt. The report's "store"
     says how the sets were read (their serving store, or Parquet files with a hint to build it) and what opening
     them cost, apart from SIFT's TTFT (which counts the lookup of the prompt's bits in the open sets)."""
-    check_options(opts)
-    get_backend(opts.backend, resolve_device(device))  # a bad --backend or --device fails before the model loads
-    sets, opened = open_sets_timed(shards_dir, profile_missing)
+    sets, opened = check_prefill_inputs(shards_dir, docs, opts, device, profile_missing)  # before the model loads
     lm = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, online=online)
     if profile_missing is not None:
         check_destination(profile_missing, sets[0], lm)
@@ -36,8 +36,18 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
     report = run_prefill(lm, prompt, opts, progress=progress)
     report["store"] = opened
     if profile_missing is not None:
-        report["profiled_missing"] = profile_dense_documents(prompt, lm, profile_missing, sets[0]).to_json()
+        report["profiled_missing"] = _profile_missing(prompt, lm, profile_missing, sets[0])
     return report
+
+
+def _profile_missing(prompt, lm, out, first) -> dict:
+    """Profile the prompt's dense documents into `out`; a failure is reported with the prefill's report
+    ({"error": its line, "out"}), not instead of it: the prefill's result is not thrown away."""
+    try:
+        return profile_dense_documents(prompt, lm, out, first).to_json()
+    except (SiftError, OSError) as exc:
+        line = error_line(disk_full_error(exc, out) if is_disk_full(exc) else exc)
+        return {"out": str(out), "error": line}
 
 
 def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int = 2, progress=None) -> list[dict]:
@@ -47,6 +57,8 @@ def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int 
     after a warm-up on every device: on a CPU one run of a ~2K-token prompt moves by ±3 % (docs/benchmarks.md),
     more than the attention SIFT saves there, and three more pairs add under a minute to `make demo`."""
     shards = open_set(shards_dir)
+    for q in SAMPLE_QUESTIONS[:n]:  # before the model loads
+        check_ids_held([shards], list(q.doc_ids))
     lm = load_model(None, device=device)
     reports = []
     for q in SAMPLE_QUESTIONS[:n]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import SiftError
 from ..layout import PromptBits, PromptLayout
+from ..shards.files import list_parts
 from ..shards.format import MANIFEST
 from ..shards.reader import ShardSet
 from ..store.bitstore import BitStore
@@ -35,7 +36,24 @@ def slow_path_hint(directory: str | Path) -> str:
 def open_set(directory: str | Path, cache_bytes: int = 0) -> ShardSource:
     """The set in `directory`: its serving store when it has one, else its Parquet files through the manifest
     (`slow_path_hint` says how to build the store)."""
-    return BitStore(directory, cache_bytes=cache_bytes) if has_store(directory) else ShardSet(directory)
+    if has_store(directory):
+        return BitStore(directory, cache_bytes=cache_bytes)
+    check_holds_a_set(directory)
+    return ShardSet(directory)
+
+
+def check_holds_a_set(directory: str | Path) -> None:
+    """Refuse, in one line that says what it is, a path that is not a shard set at all (a file, a folder of other
+    Parquet files), before the reader's advice for sets not finished yet could mislead."""
+    d = Path(directory)
+    if d.is_file():
+        raise SiftError(f"{d} is a file — give the folder `sift profile --out` wrote (its shard set)")
+    if not d.is_dir() or (d / MANIFEST).is_file() or list_parts(d):
+        return
+    if any(d.glob("*.parquet")):
+        raise SiftError(f"{d} holds Parquet files but no sift shard set — profile them as a corpus first "
+                        f"(`sift profile {d} --out shards/`) and give that folder")
+    raise SiftError(f"{d} holds no sift shard set — give the folder `sift profile --out` wrote")
 
 
 def shard_sets(shards_dir: str | Path, extra: str | Path | None = None, cache_bytes: int = 0) -> list[ShardSource]:
@@ -96,7 +114,8 @@ def check_same_kind(sets: list[ShardSource]) -> None:
     """Every set of a prompt holds one kind of bits (tile, thresholds, prefix)."""
     first = sets[0]
     for s in sets[1:]:
-        for key in ("sift.tile_size", "sift.alpha", "sift.beta", "sift.gamma", "sift.prefix_token_ids"):
+        for key in ("sift.tile_size", "sift.rule", "sift.alpha", "sift.beta", "sift.gamma", "sift.epsilon",
+                    "sift.ca_epsilon", "sift.prefix_token_ids"):
             if s.meta.get(key) != first.meta.get(key):
                 raise SiftError(f"{s.dir} was profiled with another {key.removeprefix('sift.')} than {first.dir}; "
                                 f"prompts read one kind of bits")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import ProfileConfig, resolve_profile_config
+from ..config import ProfileConfig, resolve_profile_config, rule_of
 from ..models import LoadedModel
 from ..profile.additions import AddReport, add_documents
 from ..profile.job import check_compatible, shard_metadata
@@ -16,11 +16,9 @@ from .assemble import NOT_PROFILED, Prompt
 
 
 def profile_config_of(shards: ShardSet, lm: LoadedModel) -> ProfileConfig:
-    """The thresholds and tile `shards` was made with, with the device defaults of `lm`'s device."""
-    m = shards.meta
-    overrides = {"tile": int(m["sift.tile_size"]), "alpha": float(m["sift.alpha"]), "beta": float(m["sift.beta"]),
-                 "gamma": float(m["sift.gamma"])}
-    return resolve_profile_config(lm.device, overrides).profile
+    """The rule, its parameters and the tile `shards` was made with, with the device defaults of `lm`'s
+    device."""
+    return resolve_profile_config(lm.device, rule_of(shards.meta)).profile
 
 
 def check_destination(out: str | Path, shards: ShardSet, lm: LoadedModel) -> None:

@@ -25,6 +25,7 @@ class PrefillOptions:
     repeat: int | None = None  # timed runs of each mode; None: the device's default (`timing_defaults`)
     warmup: int | None = None  # untimed runs of each mode first; None: the device's default
     max_new_tokens: int = 16
+    noise_floor: bool = True  # one more untimed full recompute in the reference precision (`noise`)
 
 
 def timing_defaults(device) -> dict:
@@ -70,5 +71,9 @@ def for_prompt(opts: PrefillOptions, backend, head_dim: int, bits: PromptBits) -
 def check_options(opts: PrefillOptions) -> None:
     if opts.block_n not in (64, 128) or opts.block_m not in (None, 64, 128, 192, 256, 512):
         raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256, 512")
+    for flag, value, least in (("--max-new-tokens", opts.max_new_tokens, 0), ("--repeat", opts.repeat, 1),
+                               ("--warmup", opts.warmup, 0)):
+        if value is not None and value < least:
+            raise SiftError(f"{flag} {value}: must be at least {least}")
     if opts.query_blocks not in ("auto", *QUERY_BLOCKS):
         raise SiftError(f"--query-blocks must be one of auto, {', '.join(QUERY_BLOCKS)}, not {opts.query_blocks!r}")

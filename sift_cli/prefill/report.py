@@ -18,6 +18,7 @@ from ..model_features import features_of
 from ..models import LoadedModel
 from .assemble import Prompt
 from .generate import greedy_generate
+from .noise import noise_report, reference_run
 from .graphs import GraphedPrefill, graphed_sparse_prefill
 from .options import PrefillOptions, for_prompt, with_device_defaults
 from .plan import choose_decoder
@@ -143,10 +144,19 @@ def run_prefill(lm: LoadedModel, prompt: Prompt, opts: PrefillOptions = PrefillO
         "metadata_bytes": prompt.bits.nbytes(),
         **compare_logits(d_logits.float(), s_logits.float()),
     }
+    if opts.noise_floor:
+        report["noise_floor"] = _noise_floor(lm, ids, d_logits.float(), dense_tokens, report["kl"], opts)
+        report["kl_over_noise"] = report["noise_floor"]["kl_multiple"]
     if graphs:
         report["capture_ms"] = {"dense": graphs["dense_capture_ms"], "sift": graphs["sift_capture_ms"]}
         report["graph_logits_equal_eager"] = graphs["equal_eager"]
     return report
+
+
+def _noise_floor(lm, ids, dense_logits, dense_tokens, sift_kl, opts) -> dict:
+    """Untimed, after the timed runs: full recompute in the reference precision against the served one."""
+    ref_logits, ref_tokens, ref_dtype = reference_run(lm, ids, opts.max_new_tokens)
+    return noise_report(compare_logits(dense_logits, ref_logits), sift_kl, ref_dtype, ref_tokens == dense_tokens)
 
 
 def _graphed_runs(lm, prompt, backend, ids, opts, decoder, tick) -> dict:

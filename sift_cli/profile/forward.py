@@ -41,6 +41,7 @@ class _BatchState:
     lengths_dev: torch.Tensor | None = None
     la_raw: torch.Tensor | None = None  # int8 [B, layers, H, P, P], tile hits
     cnt_raw: torch.Tensor | None = None  # int32 [B, layers, H, n_max], per-key β counts
+    on_layer: Callable[[int], None] | None = None  # called with the number of layers done (the CPU's progress)
 
     def __post_init__(self):
         if not self.fast:
@@ -95,6 +96,8 @@ def _profile_attention(module, query, key, value, attention_mask, scaling=None, 
     for b, n in enumerate(st.doc_lengths):
         la, ca = doc_attention_bits(query[b], key[b], st.prefix_len, n, scaling, st.cfg, feats)
         st.la[b][layer], st.ca[b][layer] = la, ca
+    if st.on_layer is not None:
+        st.on_layer(layer + 1)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -107,21 +110,24 @@ def profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: Prof
 
 
 @torch.inference_mode()
-def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: ProfileConfig
-                         ) -> Callable[[], list[DocBits]]:
+def launch_profile_batch(model, prefix_ids: list[int], docs: list[list[int]], cfg: ProfileConfig,
+                         on_layer: Callable[[int], None] | None = None) -> Callable[[], list[DocBits]]:
     """`profile_batch` in two halves: this call enqueues the batch's GPU work (forward, statistics, folding,
     packing, device → host copies) and returns `collect`, which waits for it and returns the DocBits. On the fast
     path the host does not wait for the GPU in between, so a caller can launch batch i + 1 before collecting batch
-    i and keep the GPU busy while the host turns finished bits into shard rows. Other paths finish here."""
+    i and keep the GPU busy while the host turns finished bits into shard rows. Other paths finish here.
+    on_layer(layers_done): called as each layer's statistics are done on the torch path, where a batch takes
+    minutes on a CPU (not on the fast path, whose layers are only enqueued here)."""
     device = next(model.parameters()).device
     rows = padded_batch(prefix_ids, docs)
     n_layers = model.config.num_hidden_layers
     lengths = [len(d) for d in docs]
     feats = features_of(model)  # a window longer than the batch's rows hides nothing: auto may take triton then
     names = feats.names() if cfg.stats == "triton" else feats.for_length(len(prefix_ids) + max(lengths)).names()
-    fast = resolve_stats(cfg.stats, device, names) == "triton"
+    fast = cfg.rule == "paper" and resolve_stats(cfg.stats, device, names) == "triton"
     lengths_dev = to_device(torch.tensor(lengths, dtype=torch.int32), device) if fast else None
-    st = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev)
+    st = _BatchState(cfg, len(prefix_ids), lengths, n_layers, fast=fast, lengths_dev=lengths_dev,
+                     on_layer=None if fast else on_layer)
     with swapped_attention(model, ATTN_NAME, _profile_attention, _state, current=st):
         base = getattr(model, "model", model)  # the decoder stack: no LM head over every position
         base(input_ids=to_device(rows, device), use_cache=False)

@@ -74,9 +74,7 @@ def shard_metadata(lm: LoadedModel, cfg: ProfileConfig, prefix_ids: list[int], n
         "sift.n_kv_heads": lm.n_kv_heads,
         "sift.head_dim": lm.head_dim,
         "sift.tile_size": cfg.tile,
-        "sift.alpha": cfg.alpha,
-        "sift.beta": cfg.beta,
-        "sift.gamma": cfg.gamma,
+        **cfg.rule_metadata(),
         "sift.prefix_token_ids": list(prefix_ids),
         "sift.tokenizer": tokenizer_info(lm.tokenizer),
         "sift.tool_version": __version__,
@@ -91,6 +89,10 @@ def check_compatible(out: Path, meta: dict) -> int | None:
     if not parts:
         return None
     existing = ShardFile.open(parts[0])
+    rules = existing.meta.get("sift.rule") or "paper", meta.get("sift.rule") or "paper"
+    if rules[0] != rules[1]:
+        raise SiftError(f"{out}: holds shards made with a different rule ({rules[0]}, not {rules[1]}); profile "
+                        f"with --rule {rules[0]} or use another --out directory")
     for key in matching_keys():
         if key == "sift.num_shards":
             continue
@@ -209,6 +211,8 @@ def _profile_buckets(plans: list[tuple], out: Path, lm: LoadedModel, cfg: Profil
     another process was holding (they are usually finished by then)."""
     total_tokens = sum(len(t) for _, keep, _ in plans for _, t in keep)
     done_tokens = 0
+    if progress:
+        progress(0, total_tokens)  # the total is known before the first batch (tokenised up front)
     writer = _ShardWriter()
     try:
         for wait in (False, True):
@@ -244,6 +248,8 @@ def profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens)
     before batch i is collected, so the host builds rows while the GPU works (see `launch_profile_batch`)."""
     rows = []
     lengths = [len(t) for _, t in keep]
+    show = _monotone(progress, total_tokens)
+    launched_tokens = done_tokens
 
     def collect(batch, pending):
         nonlocal done_tokens
@@ -254,18 +260,34 @@ def profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens)
                          "n_tokens": len(tokens), "la_bits": la, "ca_bits": ca,
                          "la_density": b.la_density(), "ca_density": b.ca_density()})
             done_tokens += len(tokens)
-        if progress:
-            progress(done_tokens, total_tokens)
+        show(done_tokens)
 
     previous = None
     for batch in plan_batches(lengths, len(prefix_ids), cfg.batch_tokens):
-        launched = (batch, launch_profile_batch(lm.model, prefix_ids, [keep[i][1] for i in batch], cfg))
+        size = sum(lengths[i] for i in batch)
+        on_layer = (lambda layers, base=launched_tokens, size=size:
+                    show(base + size * layers // lm.n_layers))  # within a batch, as layers finish (a CPU)
+        launched = (batch, launch_profile_batch(lm.model, prefix_ids, [keep[i][1] for i in batch], cfg, on_layer))
+        launched_tokens += size
         if previous is not None:
             collect(*previous)
         previous = launched
     if previous is not None:
         collect(*previous)
     return rows, done_tokens
+
+
+def _monotone(progress, total: int) -> Callable[[int], None]:
+    """progress(done, total) that never goes back (layer-level updates can run ahead of the batch collected)."""
+    shown = -1
+
+    def show(done: int) -> None:
+        nonlocal shown
+        if progress and done > shown:
+            shown = done
+            progress(done, total)
+
+    return show
 
 
 class _ShardWriter:

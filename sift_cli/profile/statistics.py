@@ -15,6 +15,7 @@ from ..attention.features import (PLAIN, LayerFeatures, cap_scores, masked_proba
                                   window_blocks)
 from ..bits import n_pages
 from ..config import ProfileConfig
+from .mass_rule import band_mass_tiles, column_mass, mass_pages
 
 
 def probability_bands(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
@@ -72,6 +73,8 @@ def doc_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc:
     padding, which is ignored). Probabilities are normalised over every key a query sees, prefix included, with
     the layer's features (`feats`). A tile or page that the window makes unreachable is never set.
     """
+    if cfg.rule == "mass":
+        return doc_mass_bits(q, k, prefix_len, n_doc, scale, cfg, feats)
     H = q.shape[0]
     T = cfg.tile
     P = n_pages(n_doc, T)
@@ -100,3 +103,34 @@ def doc_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc:
     hot = (counts.float() / seen_by) > cfg.gamma  # [H, n]
     hot = F.pad(hot, (0, P * T - n_doc), value=False)
     return la, hot.view(H, P, T).any(-1)
+
+
+def doc_mass_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float,
+                  cfg: ProfileConfig, feats: LayerFeatures = PLAIN) -> tuple[torch.Tensor, torch.Tensor]:
+    """`doc_attention_bits` under the mass rule: each row drops ≤ ε of its mass, each head's CA pages ≤ ε' of
+    the document's mean later-query mass (`mass_rule`)."""
+    la, ca = doc_mass_bits_grid(q, k, prefix_len, n_doc, scale, cfg.tile, (cfg.epsilon,), (cfg.ca_epsilon,),
+                                cfg.stats_budget_bytes, feats)
+    return la[0], ca[0]
+
+
+def doc_mass_bits_grid(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float, tile: int,
+                       epsilons: tuple[float, ...], ca_epsilons: tuple[float, ...], budget_bytes: int,
+                       feats: LayerFeatures = PLAIN) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mass rule's LA tiles bool [nε, H, P, P] for every ε and CA pages bool [nε', H, P] for every ε', from
+    one pass over the probabilities (the evaluations sweep ε and ε' without another model pass)."""
+    H = q.shape[0]
+    T = tile
+    P = n_pages(n_doc, T)
+    dev = q.device
+    la = torch.zeros(len(epsilons), H, P, P, dtype=torch.bool, device=dev)
+    col_sum = torch.zeros(H, n_doc, dtype=torch.float32, device=dev)
+    for h0, h1, r0, doc_probs, _ in probability_bands(q, k, prefix_len, n_doc, scale, T, budget_bytes, feats):
+        for e, eps in enumerate(epsilons):
+            tiles = band_mass_tiles(doc_probs, r0, T, eps)
+            la[e, h0:h1, r0 // T: r0 // T + tiles.shape[1], : tiles.shape[2]] = tiles
+        col_sum[h0:h1, : doc_probs.shape[2]] += column_mass(doc_probs)
+        del doc_probs
+    la &= torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+    la[..., torch.arange(P), torch.arange(P)] = True
+    return la, torch.stack([mass_pages(col_sum, n_doc, T, e) for e in ca_epsilons])

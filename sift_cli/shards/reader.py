@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 
 from ..errors import SiftError
 from .files import ShardFile, list_parts, shared_metadata, skipped_documents
-from .format import MANIFEST, decode_metadata, matching_keys
-from .record import DocRecord, absent_line, raise_missing
+from .format import MANIFEST, decode_metadata, matching_keys, required_keys
+from .record import DocRecord, SetMetadata, absent_line, raise_missing
 
 
-class ShardSet:
+class ShardSet(SetMetadata):
     """Read side of a shard directory: metadata and documents by id through the manifest.
 
     Opening a set checks what `sift inspect` and `sift validate` check first: every part file was made with the same
@@ -33,7 +33,7 @@ class ShardSet:
         except Exception as exc:
             raise SiftError(f"{manifest}: unreadable ({str(exc).splitlines()[0]})") from exc
         self.meta = decode_metadata(table.schema.metadata)
-        missing = [k for k in matching_keys() if k not in self.meta]
+        missing = [k for k in matching_keys() if k not in self.meta and k in required_keys()]
         if missing:
             raise SiftError(f"{manifest}: metadata key {missing[0]} missing; re-run `sift status --finalize`")
         self._index = {d: (f, r) for d, f, r in zip(table.column("doc_id").to_pylist(),
@@ -67,14 +67,6 @@ class ShardSet:
     def absent(self, doc_id: str) -> str:
         """An error line for an id this set does not hold: skipped at profile time (and why), or not in it."""
         return absent_line(self.dir, doc_id, self.skip_reason(doc_id))
-
-    @property
-    def tile(self) -> int:
-        return int(self.meta["sift.tile_size"])
-
-    @property
-    def prefix_token_ids(self) -> list[int]:
-        return list(self.meta["sift.prefix_token_ids"])
 
     def __contains__(self, doc_id: str) -> bool:
         return doc_id in self._index

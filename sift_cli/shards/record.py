@@ -18,6 +18,20 @@ class DocRecord:
     ca_bits: bytes
 
 
+class SetMetadata:
+    """What both read paths derive from a set's shared metadata (`self.meta`, the decoded sift.* keys)."""
+
+    meta: dict
+
+    @property
+    def tile(self) -> int:
+        return int(self.meta["sift.tile_size"])
+
+    @property
+    def prefix_token_ids(self) -> list[int]:
+        return list(self.meta["sift.prefix_token_ids"])
+
+
 def absent_line(directory: Path, doc_id: str, reason: str | None) -> str:
     """An error line for an id a set does not hold: skipped at profile time (`reason`), or not in it."""
     if reason is not None:

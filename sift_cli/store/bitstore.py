@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import SiftError
 from ..shards.names import doc_key, part_name
-from ..shards.record import DocRecord, absent_line, raise_missing
+from ..shards.record import DocRecord, SetMetadata, absent_line, raise_missing
 from .layout import (HEADER, MAGIC, SET_FILE, STORE_DIR, VERSION, BucketView, Record, StoreDamage, bucket_file_name,
                      part_fingerprint, table_end)
 
@@ -49,7 +49,7 @@ class StoreStats:
     buckets_opened: int = 0
 
 
-class BitStore:
+class BitStore(SetMetadata):
     """The serving store of the shard set in `directory` (built by `sift profile`, `sift index`). cache_bytes: the
     DRAM cache's cap (0: none; the OS page cache still keeps hot pages). max_open: buckets kept mapped at once
     (default: all the set has, the process's open-file limit raised to allow it where the hard limit permits)."""
@@ -78,15 +78,6 @@ class BitStore:
         self._cache: OrderedDict[str, Record] = OrderedDict()
         self._cache_cap = max(0, int(cache_bytes))
         self._cache_size = 0
-
-    # -- the set's metadata --------------------------------------------------------------------------------------
-    @property
-    def tile(self) -> int:
-        return int(self.meta["sift.tile_size"])
-
-    @property
-    def prefix_token_ids(self) -> list[int]:
-        return list(self.meta["sift.prefix_token_ids"])
 
     # -- lookups -------------------------------------------------------------------------------------------------
     def record(self, doc_id: str) -> Record | None:

@@ -80,8 +80,11 @@ def test_eval_qa_end_to_end_and_resume(capsys, tmp_path, tiny_ckpt, qa_file):
     res = json.loads(out)
     assert [r["n_docs"] for r in res["runs"]] == [2, 3]
     s = res["runs"][1]["summary"]
-    assert set(s) == {"full", "sift", "sink+window", "kv-reuse", "cacheblend"}
+    assert set(s) == {"full", "sift", "sink+window", "kv-reuse", "cacheblend", "noise_floor"}
     assert s["full"]["agreement_with_full"] == 1.0 and s["full"]["n"] == 2
+    # beside the numeric noise; no cold per-shape timings
+    assert s["noise_floor"]["reference_dtype"] == "bfloat16" and s["noise_floor"]["kl_median"] > 0
+    assert s["sift"]["kl_over_noise_median"] >= 0 and "ttft_ms_median" not in s["sift"]
     assert 0 < s["sift"]["cell_density_mean"] <= 1
     assert len(results.read_text().splitlines()) == 4
     code, out2, _ = run(capsys, *args)  # resumed: nothing recomputed, same answers
@@ -89,7 +92,12 @@ def test_eval_qa_end_to_end_and_resume(capsys, tmp_path, tiny_ckpt, qa_file):
     assert json.loads(out2)["runs"][1]["summary"]["sift"] == s["sift"]
     code, out, _ = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--device", "cpu", "--n-docs", "2",
                        "--modes", "full,sift", "--max-new-tokens", 2, "--work", tmp_path / "w2")
-    assert code == 0 and "accuracy" in out and "sift" in out
+    assert code == 0 and "accuracy" in out and "sift" in out and "noise floor" in out and "TTFT" not in out
+    code, out, _ = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--device", "cpu", "--n-docs", "2",
+                       "--modes", "full,sift", "--max-new-tokens", 2, "--rule", "mass", "--epsilon", "0.05",
+                       "--tile", 16, "--no-noise-floor", "--json", "--work", tmp_path / "w3")
+    res = json.loads(out)
+    assert code == 0 and res["thresholds"]["rule"] == "mass" and "noise_floor" not in res["runs"][0]["summary"]
 
 
 def test_eval_errors_are_one_line(capsys, tmp_path, tiny_ckpt, qa_file):
@@ -98,6 +106,8 @@ def test_eval_errors_are_one_line(capsys, tmp_path, tiny_ckpt, qa_file):
     code, _, e = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--modes", "full,magic", "--work",
                      tmp_path / "w")
     assert code == 2 and "unknown mode" in e
+    code, _, e = run(capsys, "eval", "qa", qa_file, "--model", tiny_ckpt, "--epsilon", "0.1")
+    assert code == 2 and "--epsilon belongs to --rule mass" in e
     code, _, e = run(capsys, "eval", "recall", "--model", tiny_ckpt)
     assert code == 2 and "--shards" in e
     code, _, e = run(capsys, "eval", "storage", "--models", "GPT-9")
@@ -137,6 +147,28 @@ def test_eval_sweep_and_calibrate(capsys, tmp_path, tiny_ckpt, small_corpus, mon
     d = profile_defaults(tmp_path / "sift.toml")  # the sparsest candidate meets a target that everything meets
     assert (d["tile"], d["alpha"]) == (res["candidates"][0]["tile_size"], res["candidates"][0]["alpha"])
     assert res["chosen"]["density"] == pytest.approx(dens[0]) and res["config"].endswith("sift.toml")
+    assert res["noise_floor"]["kl_median"] > 0 and res["chosen"]["kl_over_noise_median"] is not None
+
+
+def test_calibrate_the_mass_rule_to_the_noise_floor(capsys, tmp_path, tiny_ckpt, small_corpus, monkeypatch):
+    from sift_cli.config import profile_defaults, resolve_profile_config
+
+    monkeypatch.chdir(tmp_path)
+    base = ["calibrate", small_corpus, "--model", tiny_ckpt, "--device", "cpu", "--n-prompts", 1,
+            "--docs-per-prompt", 2, "--rule", "mass", "--tiles", "16", "--epsilons", "0.01,0.3",
+            "--ca-epsilons", "0.05", "--max-new-tokens", 2, "--block-m", 16, "--block-n", 16]
+    code, out, e = run(capsys, *base, "--max-kl-over-noise", 1e9, "--json")
+    assert code == 0, e
+    res = json.loads(out)
+    assert res["rule"] == "mass" and res["chosen"]["epsilon"] == 0.3  # the sparser one meets an easy target
+    d = profile_defaults(tmp_path / "sift.toml")
+    assert (d["rule"], d["epsilon"], d["ca_epsilon"], d["tile"]) == ("mass", 0.3, 0.05, 16)
+    cfg = resolve_profile_config("cpu", {}, read_file=True, config_file=tmp_path / "sift.toml").profile
+    assert (cfg.rule, cfg.epsilon) == ("mass", 0.3)
+    code, out, e = run(capsys, *base, "--max-kl-over-noise", 0, "--dry-run")
+    assert code == 4 and "× the noise floor at best" in e
+    code, _, e = run(capsys, *base, "--min-recall", 0.9)
+    assert code == 2 and "--min-recall measures the paper rule" in e
 
 
 def test_calibrate_without_a_candidate_writes_nothing(tiny_lm, small_corpus):

@@ -1,8 +1,10 @@
 """CPU-side checks of the bundled CUDA kernels: every .cu compiles for sm_90a with nvcc (skipped without nvcc),
 with no register spills and no serialised wgmma; host-side helpers behave without a GPU."""
 
+import os
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -19,25 +21,54 @@ ATTN_CONFIGS = [(d, bn, pair, bm, pp) for d in (64, 128) for bn, pair in ((64, F
                 for bm in (128, 64) for pp in ((1, 0) if bm == 128 else (0,))]
 
 
-def _nvcc(tmp_path, source, defines):
-    nvcc = nvcc_path()
-    if not nvcc:
-        pytest.skip("nvcc not found")
-    cubin = tmp_path / "k.cubin"
+DIAGNOSTIC_DEFINES = [[("TRACE", 1)], [("TRACE", 2), ("TRACE_WAITS", 0x0F)], [("TRACE", 2), ("TRACE_WAITS", 0x10)],
+                      [("ABLATE_SAME_KV", 1)]]
+
+
+def _attention_defines(head_dim, block_n, pair, block_m, pingpong):
+    cfg = cuda_attention.kernel_config(head_dim, block_n, pair, block_m=block_m)
+    return [("HEAD_DIM", head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages), ("PAIR", int(pair)),
+            ("BLOCK_M", block_m), ("PINGPONG", pingpong)]
+
+
+def _build_list():
+    builds = [("sparse_attn_fwd.cu", tuple(_attention_defines(*c))) for c in ATTN_CONFIGS]
+    builds += [("sparse_attn_fwd.cu", (("HEAD_DIM", 128), ("BLOCK_N", 128), ("STAGES", 2), ("PAIR", 1),
+                                        ("BLOCK_M", 128), *d)) for d in DIAGNOSTIC_DEFINES]
+    return builds + [("decode.cu", ()), ("coalesce.cu", ())]
+
+
+def _compile(nvcc, folder, source, defines):
+    cubin = folder / "k.cubin"
     cmd = [nvcc, "-gencode=arch=compute_90a,code=sm_90a", "--cubin", "-std=c++17", "-Xptxas", "-v",
            *[f"-D{k}={v}" for k, v in defines], "-o", str(cubin), str(runtime.kernel_dir() / source)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert cubin.stat().st_size > 0
-    return proc.stderr
+    return proc.returncode, proc.stderr, cubin.stat().st_size if cubin.is_file() else 0
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """Every build these tests check, compiled once and side by side (one nvcc per core: each takes seconds)."""
+    nvcc = nvcc_path()
+    if not nvcc:
+        pytest.skip("nvcc not found")
+    todo = _build_list()
+    folders = [tmp_path_factory.mktemp("nvcc") for _ in todo]
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        done = pool.map(lambda job: _compile(nvcc, job[1], *job[0]), zip(todo, folders))
+        return dict(zip(todo, done))
+
+
+def _report(builds, source, defines):
+    code, stderr, size = builds[(source, tuple(defines))]
+    assert code == 0, stderr
+    assert size > 0
+    return stderr
 
 
 @pytest.mark.parametrize("head_dim,block_n,pair,block_m,pingpong", ATTN_CONFIGS)
-def test_attention_kernel_compiles(tmp_path, head_dim, block_n, pair, block_m, pingpong):
-    cfg = cuda_attention.kernel_config(head_dim, block_n, pair, block_m=block_m)
-    report = _nvcc(tmp_path, "sparse_attn_fwd.cu",
-                   [("HEAD_DIM", head_dim), ("BLOCK_N", cfg.block_n), ("STAGES", cfg.stages), ("PAIR", int(pair)),
-                    ("BLOCK_M", block_m), ("PINGPONG", pingpong)])
+def test_attention_kernel_compiles(builds, head_dim, block_n, pair, block_m, pingpong):
+    report = _report(builds, "sparse_attn_fwd.cu", _attention_defines(head_dim, block_n, pair, block_m, pingpong))
     # ptxas serialising the wgmma pipeline (a divergent path, or registers written mid-pipeline) is a regression
     assert "C7520" not in report and "C7513" not in report, "serialised wgmma:\n" + report
     assert "C7508" not in report, "ptxas ignored setmaxnreg:\n" + report
@@ -46,24 +77,23 @@ def test_attention_kernel_compiles(tmp_path, head_dim, block_n, pair, block_m, p
     assert "0 bytes stack frame" in report, report
 
 
-@pytest.mark.parametrize("defines", [[("TRACE", 1)], [("TRACE", 2), ("TRACE_WAITS", 0x0F)],
-                                     [("TRACE", 2), ("TRACE_WAITS", 0x10)], [("ABLATE_SAME_KV", 1)]])
-def test_diagnostic_builds_compile(tmp_path, defines):
+@pytest.mark.parametrize("defines", DIAGNOSTIC_DEFINES)
+def test_diagnostic_builds_compile(builds, defines):
     """The builds experiments/kernel_tile_trace.py times (per-tile stamps, wait sums, one K/V block) still compile
     with the wgmma pipeline intact; their clock reads may spill a few registers, which perturbs them a little."""
-    report = _nvcc(tmp_path, "sparse_attn_fwd.cu",
-                   [("HEAD_DIM", 128), ("BLOCK_N", 128), ("STAGES", 2), ("PAIR", 1), ("BLOCK_M", 128), *defines])
+    report = _report(builds, "sparse_attn_fwd.cu", [("HEAD_DIM", 128), ("BLOCK_N", 128), ("STAGES", 2), ("PAIR", 1),
+                                                    ("BLOCK_M", 128), *defines])
     assert "C7520" not in report and "C7513" not in report, "serialised wgmma:\n" + report
 
 
-def test_decode_kernel_compiles(tmp_path):
-    report = _nvcc(tmp_path, "decode.cu", [])
+def test_decode_kernel_compiles(builds):
+    report = _report(builds, "decode.cu", [])
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(spills) == 3 and all(s == ("0", "0") for s in spills), report
 
 
-def test_coalesce_kernel_compiles(tmp_path):
-    report = _nvcc(tmp_path, "coalesce.cu", [])
+def test_coalesce_kernel_compiles(builds):
+    report = _report(builds, "coalesce.cu", [])
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     stacks = re.findall(r"(\d+) bytes stack frame", report)
     assert len(spills) == 2 and all(s == ("0", "0") for s in spills) and set(stacks) == {"0"}, report

@@ -202,7 +202,9 @@ def model_key(lm: LoadedModel) -> str:
 
 
 def default_work_dir(name: str, lm: LoadedModel, cfg: ProfileConfig) -> Path:
-    return cache_dir() / "eval" / f"{name}-{model_key(lm)}-T{cfg.tile}-a{cfg.alpha:g}-b{cfg.beta:g}-g{cfg.gamma:g}"
+    rule = (f"mass-e{cfg.epsilon:g}-c{cfg.ca_epsilon:g}" if cfg.rule == "mass"
+            else f"a{cfg.alpha:g}-b{cfg.beta:g}-g{cfg.gamma:g}")
+    return cache_dir() / "eval" / f"{name}-{model_key(lm)}-T{cfg.tile}-{rule}"
 
 
 def ensure_shards(pset: PromptSet, lm: LoadedModel, cfg: ProfileConfig, work: str | Path | None = None,

@@ -13,7 +13,12 @@ Every mode then generates greedily and densely from its own KV cache. Scoring fo
 generation is correct when some gold answer, SQuAD-normalised (lower case, punctuation and articles removed,
 whitespace collapsed), is a substring of the normalised generation. Agreement with `full` is identical generated
 tokens; first-token agreement compares the argmax of the prefill logits; KL is KL(full ‖ mode) at the last prompt
-position. TTFT is the online prefill time (reused KV is taken as already in memory: no storage read on CPU).
+position. Beside them, each question's numeric noise floor (`prefill.noise`: full recompute in the reference
+precision against the served one, its KL, first token, answer and accuracy) and every mode's KL as a multiple of it.
+
+No time to first token is reported: each question is a new prompt length, so each mode's one run there includes
+the kernels' per-shape set-up (cuDNN builds a plan per shape), which compares nothing. Speed is measured warm, per
+shape, modes alternating, by `sift bench prefill`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ...block_lists import mean_densities
 from ...config import resolve_profile_config
 from ...errors import SiftError
 from ...prefill.generate import greedy_generate
+from ...prefill.noise import kl_multiple, reference_run
 from ...prefill.options import PrefillOptions
 from ...prefill.report import compare_logits
 from ...prefill.run import dense_prefill, sparse_prefill
@@ -77,8 +83,9 @@ def _timed_forward_with_block_lists(lm, ids, backend, block_lists):
 
 
 def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: int = 16, block_m: int = 128,
-                block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal") -> dict:
-    """Every mode on one question; returns a plain dict (texts, tokens, metrics per mode)."""
+                block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal",
+                noise_floor: bool = True) -> dict:
+    """Every mode on one question; returns a plain dict (texts, tokens, metrics per mode, the noise floor)."""
     prompt = compose(shards, lm, spec)
     ids = torch.tensor([prompt.input_ids], device=lm.device)
     tok = lm.tokenizer
@@ -88,10 +95,10 @@ def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: in
     tokens: dict[str, list[int]] = {}
     extra: dict = {}
 
-    def finish(mode, lg, past, ms, **more):
+    def finish(mode, lg, past, ms, **more):  # ms: one cold run's time, not reported (see the module)
         logits[mode] = lg
         tokens[mode] = greedy_generate(lm, lg, past, max_new_tokens)
-        results[mode] = {"ttft_ms": ms, "text": tok.decode(tokens[mode], skip_special_tokens=True), **more}
+        results[mode] = {"text": tok.decode(tokens[mode], skip_special_tokens=True), **more}
 
     dense = dense_prefill(lm, ids)
     d_logits = dense.logits
@@ -128,14 +135,25 @@ def answer_item(lm, shards, spec: PromptSpec, modes, backend, max_new_tokens: in
             lg, past, ms, share = cacheblend_prefill(lm, prompt.input_ids, keys, values, len(suffix), ratio,
                                                      check_layer, blend_mask)
             finish("cacheblend", lg, past, ms + rotate_ms, recomputed_share=share)
+    noise = None
+    if noise_floor:
+        ref_logits, ref_tokens, ref_dtype = reference_run(lm, ids, max_new_tokens)
+        cmp = compare_logits(d_logits, ref_logits)
+        ref_text = tok.decode(ref_tokens, skip_special_tokens=True)
+        noise = {"reference_dtype": ref_dtype, "kl": cmp["kl"], "first_token_same": cmp["first_token_match"],
+                 "same_as_full": ref_tokens == tokens["full"], "text": ref_text,
+                 "correct": answer_correct(ref_text, spec.answers) if spec.answers else None}
     for mode, r in results.items():
         r["correct"] = answer_correct(r["text"], spec.answers) if spec.answers else None
         cmp = compare_logits(d_logits, logits[mode])
         r["first_token_same"] = cmp["first_token_match"]
         r["kl"] = cmp["kl"]
         r["same_as_full"] = tokens[mode] == tokens["full"]
+        if noise is not None:
+            r["kl_over_noise"] = kl_multiple(cmp["kl"], noise["kl"])
     return {"question": spec.question, "answers": list(spec.answers), "doc_ids": list(spec.doc_ids),
-            "tokens": prompt.layout.seq_len, "n_docs": len(spec.doc_ids), **extra, "modes": results}
+            "tokens": prompt.layout.seq_len, "n_docs": len(spec.doc_ids), **extra, "modes": results,
+            **({"noise_floor": noise} if noise is not None else {})}
 
 
 def item_key(spec: PromptSpec) -> str:
@@ -156,13 +174,24 @@ def summarize_qa(items: list[dict], modes) -> dict:
             "first_token_agreement": sum(r["first_token_same"] for r in rows) / len(rows),
             "kl_mean": statistics.fmean(r["kl"] for r in rows),
             "kl_median": statistics.median(r["kl"] for r in rows),
-            "ttft_ms_median": statistics.median(r["ttft_ms"] for r in rows),
         }
+        multiples = [r["kl_over_noise"] for r in rows if r.get("kl_over_noise") is not None]
+        if multiples:
+            out[mode]["kl_over_noise_median"] = statistics.median(multiples)
         dens = [r["cell_density"] for r in rows if "cell_density" in r]
         if dens:
             out[mode]["cell_density_mean"] = statistics.fmean(dens)
         if mode == "cacheblend":
             out[mode]["recomputed_share_mean"] = statistics.fmean(r["recomputed_share"] for r in rows)
+    floors = [it["noise_floor"] for it in items if it.get("noise_floor")]
+    if floors:
+        scored = [f["correct"] for f in floors if f["correct"] is not None]
+        out["noise_floor"] = {"reference_dtype": floors[0]["reference_dtype"], "n": len(floors),
+                              "accuracy": sum(scored) / len(scored) if scored else None,
+                              "agreement_with_full": sum(f["same_as_full"] for f in floors) / len(floors),
+                              "first_token_agreement": sum(f["first_token_same"] for f in floors) / len(floors),
+                              "kl_mean": statistics.fmean(f["kl"] for f in floors),
+                              "kl_median": statistics.median(f["kl"] for f in floors)}
     if "full" in out and "sift" in out and out["full"]["accuracy"] is not None:
         out["sift"]["accuracy_minus_full"] = out["sift"]["accuracy"] - out["full"]["accuracy"]
     return out
@@ -170,7 +199,7 @@ def summarize_qa(items: list[dict], modes) -> dict:
 
 def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_tokens: int = 16, block_m: int = 128,
            block_n: int = 64, ratio: float = 0.15, check_layer: int = 1, blend_mask: str = "causal",
-           done: dict | None = None, on_item=None, progress=None) -> dict:
+           done: dict | None = None, on_item=None, progress=None, noise_floor: bool = True) -> dict:
     """All prompts of `pset`; `done` maps item_key → an earlier result (resumed runs skip those)."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -190,7 +219,7 @@ def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_token
             items.append(done[key])
         else:
             r = answer_item(lm, shards, spec, modes, backend, max_new_tokens, block_m, block_n, ratio, check_layer,
-                            blend_mask)
+                            blend_mask, noise_floor)
             r["key"] = key
             items.append(r)
             if on_item:
@@ -208,7 +237,8 @@ def qa_report(model: ModelSpec, records: Path | None = None, nq: bool = False, s
               ratio: float = 0.15, blend_mask: str = "causal", tile: int = 64, alpha: float = 1e-3,
               beta: float = 1e-2, gamma: float = 0.10, block_m: int = 128, block_n: int = 64,
               results: Path | None = None, data_dir=None, work: Path | None = None,
-              progress_bar: ProgressBar = no_progress) -> dict:
+              progress_bar: ProgressBar = no_progress, noise_floor: bool = True,
+              selection: dict | None = None) -> dict:
     """`sift eval qa`: every mode on the questions of a records file (or of nq-open-oracle), once per document
     count in `sizes`. results: per-question JSONL, appended as questions finish; a re-run resumes from it."""
     if (records is None) != nq:
@@ -217,13 +247,15 @@ def qa_report(model: ModelSpec, records: Path | None = None, nq: bool = False, s
         raise SiftError("--blend-mask must be causal or bottom-right")
     if not 0 < ratio <= 1:
         raise SiftError("--recompute-ratio must be in (0, 1]")
+    selection = {"tile": tile, **(selection or {"alpha": alpha, "beta": beta, "gamma": gamma})}
+    resolve_profile_config("cpu", selection)  # the rule and its parameters are checked before the model loads
     if nq:  # the data (or the records file) is looked for before the model loads
         find_data(data_dir)
     elif not Path(records).is_file():
         raise SiftError(f"QA records file not found: {records} — give a .jsonl of {{question, answers, ctxs}}, or "
                         f"--nq")
     lm = model.load()
-    cfg = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma}).profile
+    cfg = resolve_profile_config(lm.device, selection).profile
     be = eval_backend(backend, lm.device)
     done = read_results(results)
     runs = []
@@ -239,7 +271,8 @@ def qa_report(model: ModelSpec, records: Path | None = None, nq: bool = False, s
             sh = ensure_shards(pset, lm, cfg, work / f"n{n}" if work else None, progress=prog)
         with progress_bar(f"answering ({n} docs)") as prog:
             res = run_qa(lm, sh, pset, modes, be, max_new_tokens, block_m, block_n, ratio, 1, blend_mask,
-                         done=done, on_item=lambda r: append_result(results, r), progress=prog)
+                         done=done, on_item=lambda r: append_result(results, r), progress=prog,
+                         noise_floor=noise_floor)
         res["n_docs"] = n
         res["questions"] = len(pset.prompts)
         res["mean_tokens"] = sum(it["tokens"] for it in res["items"]) / max(1, len(res["items"]))

@@ -6,10 +6,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smol():
-    from sift_cli.models import load_model
-
-    return load_model(None, device="cpu")
+def smol(smol_cpu):
+    return smol_cpu
 
 
 @pytest.fixture(scope="module")
