@@ -198,6 +198,11 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ float lg2(float x) {
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -305,6 +310,19 @@ __device__ __forceinline__ void wgmma_rs_n128(float* d, u32 a0, u32 a1, u32 a2, 
 
 // V is the B operand of P V in MN-major form (the head dim is contiguous): 8-key core groups are 1024 bytes
 // apart (stride byte offset), 64-wide head-dim slabs CHUNK_KV bytes apart (leading byte offset).
+// Attention-feature variants (sift_cli/attention/features.py), compiled only for the layers that have them, so
+// the plain kernel is the same code: SOFTCAP 1 caps the scaled scores at SOFTCAP_VALUE (c tanh(s / c), before
+// the mask); WINDOW w > 0 keeps keys key > row - w on every step (a sliding window). Sinks need no variant: the
+// host rescales the output through the LSE.
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#if SOFTCAP && !defined(SOFTCAP_VALUE)
+#error "SOFTCAP needs SOFTCAP_VALUE"
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
 #ifndef ABLATE_SOFTMAX
 #define ABLATE_SOFTMAX 0
 #endif
@@ -434,6 +452,27 @@ __device__ __forceinline__ void softmax_block(float* s, float& m_a, float& m_b, 
   return;
 #endif
   const int c = threadIdx.x & 3;
+#if SOFTCAP
+  {  // raw scores s -> (c / scale) tanh(s scale / c): times scale, the capped logit (sl2 = scale log2 e)
+    const float cap_in = sl2 * (1.f / ((float)(SOFTCAP_VALUE) * 1.4426950408889634f)), cap_out = 1.f / cap_in;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) s[i] = tanh_approx(s[i] * cap_in) * cap_out;
+  }
+#endif
+#if WINDOW
+  {  // every step: keys at or before row - WINDOW leave the softmax. d = key - (row_a - WINDOW + 1), the first
+     // key row_a keeps; row_a + 8 keeps keys from d = 8 on
+    const int d0 = k.k0a + 2 * c - row_a + (WINDOW - 1), d1 = k.k0b + 2 * c - row_a + (WINDOW - 1);
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 8; ++i) {
+      const int d = (i >= 8) ? d1 + 8 * (i - 8) : d0 + 8 * i;
+      if (d < 0) s[4 * i + 0] = neg_inf();
+      if (d + 1 < 0) s[4 * i + 1] = neg_inf();
+      if (d < 8) s[4 * i + 2] = neg_inf();
+      if (d + 1 < 8) s[4 * i + 3] = neg_inf();
+    }
+  }
+#endif
   if (MASK) {
     const int lim_a0 = min(row_a, k.enda), lim_b0 = min(row_a + 8, k.enda);
     const int lim_a1 = min(row_a, k.endb), lim_b1 = min(row_a + 8, k.endb);

@@ -30,7 +30,8 @@ FAMILIES = {
 }
 # families whose windowed attention reads config.sliding_window in every layer (no per-layer types)
 WINDOW_FROM_CONFIG = ("mistral", "phi3")
-# families transformers computes only eagerly (sinks): the model's own forward is loaded as "eager"
+# families transformers computes exactly only eagerly: gpt-oss (sinks; no SDPA path) and Gemma 2 with
+# soft-capping (its SDPA path drops the cap): the model's own forward is loaded as "eager"
 EAGER_ONLY = ("gpt_oss",)
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -138,4 +139,6 @@ def features_of(model) -> ModelFeatures:
 
 def attention_implementation(config, asked: str) -> str:
     """The implementation the model's own forward runs: `asked`, unless the family has only eager."""
-    return "eager" if getattr(config, "model_type", None) in EAGER_ONLY and asked == "sdpa" else asked
+    mt = getattr(config, "model_type", None)
+    capped = mt == "gemma2" and getattr(config, "attn_logit_softcapping", None)
+    return "eager" if (mt in EAGER_ONLY or capped) and asked == "sdpa" else asked

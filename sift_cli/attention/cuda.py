@@ -10,6 +10,28 @@ from ..cuda.decode import WorkSpec
 from ..cuda.work_order import SPLIT_MAX, SPLIT_MIN_BLOCKS
 from ..errors import SiftError
 from .base import BlockLists
+from .features import PLAIN, LayerFeatures, apply_sinks, window_lists
+
+
+def _windowed_plan(plan: SparseAttentionPlan, blocks: BlockLists, window: int, pair, split, merge):
+    """A plan of one layer's lists without the blocks its window hides, beside the prompt's plan: worth its host
+    time (a CSR rebuild and a work order) only when the window covers under half the prompt, and never inside a
+    CUDA-graph capture (the rebuild syncs); None then, and the layer masks the hidden blocks instead."""
+    if window * 2 > plan.L or torch.cuda.is_current_stream_capturing():
+        return None
+    lists = window_lists(blocks, window)
+    return SparseAttentionPlan(lists.table, lists.offsets[None], lists.indices[None], plan.H, plan.H_kv, plan.D,
+                               plan.scale, pair, split, merge=merge)
+
+
+def featured_call(plan: SparseAttentionPlan, layer: int, q, k, v, scale: float, features: LayerFeatures):
+    """One layer through `plan` with its features: the window and soft-cap compiled into a kernel variant, the
+    sinks applied to the output through the LSE (`features.apply_sinks`)."""
+    lse = None
+    if features.sinks is not None:
+        lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+    out = plan(layer, q, k, v, lse=lse, scale=scale, variant=plan.variant(features.window, features.softcap))
+    return apply_sinks(out, lse, features.sinks)
 
 
 class CudaBackend:
@@ -44,9 +66,16 @@ class CudaBackend:
         return True, ""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: BlockLists, scale: float,
-                return_lse: bool = False):
+                return_lse: bool = False, features: LayerFeatures = PLAIN):
         if q.dtype != torch.bfloat16:
             raise SiftError(f"the cuda backend computes in bf16, got {q.dtype}; load the model in bf16")
+        if not features.plain:
+            if return_lse:
+                raise ValueError("the log-sum-exp of a layer with attention features is not computed")
+            b = blocks.to(q.device)
+            plan = SparseAttentionPlan(b.table, b.offsets[None], b.indices[None], q.shape[0], k.shape[0],
+                                       q.shape[2], scale, self.pair, self.split, merge=self.merge)
+            return featured_call(plan, 0, q.contiguous(), k.contiguous(), v.contiguous(), scale, features)
         return sparse_attention_forward(q, k, v, blocks, scale, return_lse, pair=self.pair, split=self.split,
                                         merge=self.merge)
 
@@ -80,7 +109,8 @@ class CudaBackend:
         ready: a CUDA event the first call makes the current stream wait for (lists decoded on a side stream)."""
         offsets, indices = stacked[:2] if stacked is not None else stack_block_lists(block_lists)
         tiles = stacked[2] if stacked is not None and len(stacked) > 2 else None  # else the plan makes them
-        return PlannedAttention(table, offsets, indices, tiles, self.pair, self.split, ready, self.merge)
+        return PlannedAttention(table, offsets, indices, tiles, self.pair, self.split, ready, self.merge,
+                                block_lists)
 
 
 class PlannedAttention:
@@ -88,10 +118,12 @@ class PlannedAttention:
     `attend(layer, q [H, L, D], k, v [H_kv, L, D], scale)` → an [H, L, D]-indexed tensor, and `model_layout`,
     the same in a Hugging Face attention function's layouts ([1, H, L, D] in, [1, L, H, D] out, no views)."""
 
-    def __init__(self, table, offsets, indices, tiles, pair, split, ready, merge=True):
+    def __init__(self, table, offsets, indices, tiles, pair, split, ready, merge=True, block_lists=None):
         self.table, self.offsets, self.indices, self.tiles = table, offsets, indices, tiles
         self.pair, self.split, self.ready, self.merge = pair, split, ready, merge
+        self.block_lists = block_lists  # per layer, for windowed layers' own lists
         self.plan: SparseAttentionPlan | None = None
+        self._windowed: dict[int, SparseAttentionPlan | None] = {}
 
     def _build(self, q: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int, scale: float):
         if q.dtype != torch.bfloat16:
@@ -105,6 +137,17 @@ class PlannedAttention:
     def __call__(self, layer, q, k, v, scale):
         plan = self.plan or self._build(q, q.shape[0], k.shape[0], q.shape[2], scale)
         return plan(layer, q, k, v, scale=scale)
+
+    def featured(self, layer, q, k, v, scale, features: LayerFeatures):
+        """A layer with attention features (q [H, L, D], k/v [H_kv, L, D] → [H, L, D]-indexed)."""
+        plan = self.plan or self._build(q, q.shape[0], k.shape[0], q.shape[2], scale)
+        if features.window is not None and self.block_lists is not None:
+            if layer not in self._windowed:
+                self._windowed[layer] = _windowed_plan(plan, self.block_lists[layer], features.window, self.pair,
+                                                       self.split, self.merge)
+            if self._windowed[layer] is not None:
+                return featured_call(self._windowed[layer], 0, q, k, v, scale, features)
+        return featured_call(plan, layer, q, k, v, scale, features)
 
     def model_layout(self, layer, query, key, value, scale):
         plan = self.plan or self._build(query, query.shape[1], key.shape[1], query.shape[3], scale)

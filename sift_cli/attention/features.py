@@ -115,3 +115,13 @@ def dense_featured(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         probs = masked_probabilities(scores, visible(q_pos, k_pos, feats.window), feats.sinks)
         out[:, :, r0:r1] = torch.matmul(probs, vf).to(query.dtype)
     return out
+
+
+def window_lists(blocks, window: int):
+    """A layer's BlockLists without the blocks its window hides entirely (every pair of the block at or before
+    row − window); partial blocks stay, their hidden pairs masked by whoever computes them."""
+    from ..block_lists import block_lists_from_mask
+
+    t = blocks.table.to(blocks.offsets.device)
+    keep = window_blocks(t.q_start, t.q_len, t.kv_start, t.kv_len, window)
+    return block_lists_from_mask(blocks.dense_mask().to(keep.device) & keep[None], t)

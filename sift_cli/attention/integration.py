@@ -11,8 +11,8 @@ more host work than the attention call itself.
 
 A layer whose call carries attention features (sliding window, soft-capping, sinks: `features.py`) computes them
 on every path: dense calls through `features.dense_featured`, sparse ones through the backend's `featured` form
-(flex) or the banded reference (reference, gather: exact, not tuned). The cuda kernel has no such form: such a
-model is refused before a cuda prefill (`featured.check_backend`).
+(flex; cuda: kernel variants with the window and soft-cap compiled in, sinks through the LSE) or the banded
+reference (reference, gather: exact, not tuned).
 """
 
 from __future__ import annotations
@@ -100,12 +100,12 @@ def prepare_plan(backend, table: BlockTable, block_lists: list[BlockLists], stac
         def attend(layer, q, k, v, scale):
             return backend.forward(q, k, v, block_lists[layer], scale)
     return SparsePlan(backend.name, table, block_lists, attend, getattr(attend, "model_layout", None),
-                      featured_attend(backend, block_lists))
+                      getattr(attend, "featured", None) or featured_attend(backend, block_lists))
 
 
 def featured_attend(backend, block_lists: list[BlockLists]) -> Callable | None:
     """attend(layer, q, k, v, scale, features) of `backend` for layers with attention features: its own
-    `featured` form, the banded reference for the CPU backends, None where it has none (cuda)."""
+    `featured` form (flex; cuda's comes with its prepared attend), the banded reference for the CPU backends."""
     own = getattr(backend, "featured", None)
     if own is not None:
         return own(block_lists)

@@ -77,6 +77,8 @@ class SparseAttentionPlan:
             raise SiftError(f"block lists are [{offsets.shape[1]}, {offsets.shape[2] - 1}] (heads, query blocks); "
                             f"the model has {n_heads} heads and the table {M} query blocks")
         split_max = SPLIT_MAX if split else 1
+        self.extra = dict(extra or {})
+        self._variants: dict[tuple, int] = {}  # (window, softcap) → the kernel variant computing them
         self.func, self.smem = attention_function(self.cfg, self.device.index, N, extra)
         ctas = persistent_ctas(self.cfg, N, self.device, extra)
         if tiles is None:  # the kernel reads the tiles alone; the block lists only make them
@@ -126,13 +128,30 @@ class SparseAttentionPlan:
         return list(zip(*(rows(t) for t in (self.tiles.offsets, self.tiles.entries, w["tile_order"], w["n_active"],
                                              w["cap"], w["slot_base"]))))
 
+    def variant(self, window: int | None, softcap: float | None) -> int | None:
+        """The kernel variant with a sliding window and/or soft-capping compiled in (None: the plain kernel). Its
+        defines change no shared memory or launch argument, so it launches with the plain kernel's arguments."""
+        if window is None and softcap is None:
+            return None
+        key = (window, softcap)
+        func = self._variants.get(key)
+        if func is None:
+            extra = dict(self.extra)
+            if window is not None:
+                extra["WINDOW"] = int(window)
+            if softcap is not None:
+                extra.update(SOFTCAP=1, SOFTCAP_VALUE=repr(float(softcap)))
+            func = self._variants[key] = attention_function(self.cfg, self.device.index, self.table.n_kv_blocks,
+                                                            extra)[0]
+        return func
+
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                 scale: float | None = None) -> torch.Tensor:
+                 scale: float | None = None, variant: int | None = None) -> torch.Tensor:
         """q [H, L, D], k/v [H_kv, L, D] bf16 views (any strides with a unit-stride head dim) → out, an [H, L, D]
         view; without `out` a fresh [L, H, D] buffer is written (the layout the model's o_proj reads) and its
         [H, L, D] view returned; an `out` the kernel's 16-byte stores cannot reach (`vector_aligned`) is filled
-        from a fresh buffer. lse: fp32 [H, L] to fill, or None.
+        from a fresh buffer. lse: fp32 [H, L] to fill, or None. variant: a kernel from `variant(...)`.
 
         After the first call a layer costs a few microseconds of host time: the descriptors are re-targeted (their
         shapes and strides are checked against the first call's), a handful of arguments change, one launch."""
@@ -143,7 +162,7 @@ class SparseAttentionPlan:
         if out is None:
             out = torch.empty(self.L, self.H, self.D, dtype=torch.bfloat16, device=self.device).transpose(0, 1)
         self._launch_layer(layer, (q.data_ptr(), k.data_ptr(), v.data_ptr()), out.data_ptr(), out.stride(1),
-                           out.stride(0), lse, scale)
+                           out.stride(0), lse, scale, variant)
         if target is not None:
             return target.copy_(out)
         return out
@@ -181,7 +200,8 @@ class SparseAttentionPlan:
         return q, k, v
 
     def _launch_layer(self, layer: int, qkv_ptrs: tuple[int, int, int], out_ptr: int, row_stride: int,
-                      head_stride: int, lse: torch.Tensor | None, scale: float | None) -> None:
+                      head_stride: int, lse: torch.Tensor | None, scale: float | None,
+                      variant: int | None = None) -> None:
         """Re-target the descriptors at q, k, v (addresses of views with the packed launch's strides) and launch
         layer `layer`, writing out[h, row] at out_ptr + (row * row_stride + h * head_stride) * 2 bytes."""
         launch = self._launch
@@ -200,7 +220,7 @@ class SparseAttentionPlan:
         (values["offsets"].value, values["entries"].value, values["tile_order"].value, values["n_active"].value,
          values["split_cap"].value, values["split_slot"].value) = self._pointers[layer]
         if self.L:
-            launch(stream_handle(self.device))
+            launch(stream_handle(self.device), variant)
 
 
 def vector_aligned(out: torch.Tensor) -> bool:

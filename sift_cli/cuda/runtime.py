@@ -277,8 +277,10 @@ class PackedLaunch:
     def set(self, name: str, value) -> None:
         self.values[name].value = value
 
-    def __call__(self, stream: int) -> None:
-        rc = _libcuda().cuLaunchKernel(*self._head, stream, self._params, None)
+    def __call__(self, stream: int, func: int | None = None) -> None:
+        """Launch on `stream`; func: another compiled variant of the same kernel (same arguments) instead."""
+        head = self._head if func is None else (ctypes.c_void_p(func),) + self._head[1:]
+        rc = _libcuda().cuLaunchKernel(*head, stream, self._params, None)
         if rc != 0:
             raise SiftError(f"cuLaunchKernel failed with CUresult {rc}")
 
