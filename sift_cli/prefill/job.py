@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..attention.backends import get_backend
+from ..config import rule_of
 from ..corpus import Document
 from ..models import load_model, resolve_device
 from ..sample import SAMPLE_QUESTIONS
@@ -34,6 +35,7 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
         check_destination(profile_missing, sets[0], lm)
     prompt = assemble(sets, lm, docs, query)
     report = run_prefill(lm, prompt, opts, progress=progress)
+    report["selection"] = rule_of(sets[0].meta)  # every set of a prompt holds one kind of bits (`lookup`)
     report["store"] = opened
     if profile_missing is not None:
         report["profiled_missing"] = profile_dense_documents(prompt, lm, profile_missing, sets[0]).to_json()
