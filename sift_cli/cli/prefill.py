@@ -83,6 +83,11 @@ def _run_prefill(shards_dir, docs, question, model, device, dtype, opts, trust_r
         raise typer.Exit(PROFILE_MISSING_FAILED)
 
 
+def _rule(r: dict) -> str:
+    sel = r.get("selection") or {}
+    return f", mass rule ε={sel['epsilon']:g} ε'={sel['ca_epsilon']:g}" if sel.get("rule") == "mass" else ""
+
+
 def render_prefill(r: dict, question: str) -> None:
     from ..prefill.noise import noise_line
 
@@ -92,7 +97,8 @@ def render_prefill(r: dict, question: str) -> None:
     d = r["density"]
     out.print(f"[bold]attention computed[/]: {pct(d['blocks'])} of causal {r['block_m']}×{r['block_n']} blocks "
               f"({r['query_blocks']} query blocks), {pct(d['cells'])} of causal cells, "
-              f"{d['cells_over_allowed']:.3f}× the pairs the bits allow (T={r['tile_size']}, backend {r['backend']})")
+              f"{d['cells_over_allowed']:.3f}× the pairs the bits allow (T={r['tile_size']}{_rule(r)}, backend "
+              f"{r['backend']})")
     if r["dense_docs"]:
         listed = ", ".join(f"{escape(x['doc_id'])} ({x['reason']})" for x in r["dense_docs"])
         out.print(f"[bold]dense documents[/]: {listed}: {pct(d['dense_docs_cells_share'])} of the computed cells")

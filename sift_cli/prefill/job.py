@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import rule_of
 from ..corpus import Document
 from ..errors import SiftError, error_line
 from ..models import load_model
@@ -34,6 +35,7 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
         check_destination(profile_missing, sets[0], lm)
     prompt = assemble(sets, lm, docs, query)
     report = run_prefill(lm, prompt, opts, progress=progress)
+    report["selection"] = rule_of(sets[0].meta)  # every set of a prompt holds one kind of bits (`lookup`)
     report["store"] = opened
     if profile_missing is not None:
         report["profiled_missing"] = _profile_missing(prompt, lm, profile_missing, sets[0])

@@ -23,14 +23,18 @@ from ..bits import n_pages
 
 def fewest_kept(mass: torch.Tensor, budget: torch.Tensor | float) -> torch.Tensor:
     """bool like `mass` [..., n]: per last-axis vector, the fewest entries, heaviest first, such that the mass of
-    the others is ≤ budget (a float, or a tensor broadcast against [..., 1]).
+    the others is ≤ budget (a float, or a tensor broadcast against [..., 1])."""
+    return fewest_kept_each(mass, [budget])[0]
+
+
+def fewest_kept_each(mass: torch.Tensor, budgets) -> list[torch.Tensor]:
+    """`fewest_kept` for each budget of `budgets`, the mass sorted once.
 
     Sorted heaviest first, an entry is kept exactly when it and every lighter one together exceed the budget (the
     rest after the entries before it would not yet be within it); the lighter-first sum is the accurate one."""
     ordered, order = mass.sort(dim=-1, descending=True, stable=True)
     tail = ordered.flip(-1).cumsum(-1).flip(-1)  # this entry's mass and every lighter one's
-    keep_sorted = tail > budget
-    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+    return [torch.zeros_like(tail, dtype=torch.bool).scatter_(-1, order, tail > b) for b in budgets]
 
 
 def row_tile_mass(doc_probs: torch.Tensor, tile: int) -> torch.Tensor:
@@ -42,19 +46,20 @@ def row_tile_mass(doc_probs: torch.Tensor, tile: int) -> torch.Tensor:
     return doc_probs.view(h, R, cols // tile, tile).sum(-1)
 
 
-def band_mass_tiles(doc_probs: torch.Tensor, r0: int, tile: int, epsilon: float) -> torch.Tensor:
-    """bool [h, ceil(R/T), ceil(C/T)]: the off-diagonal tiles some row of each tile row of the band needs for its
-    dropped mass to stay ≤ epsilon (the band starts at document row r0, a multiple of the tile)."""
+def band_mass_tiles(doc_probs: torch.Tensor, r0: int, tile: int, epsilons) -> list[torch.Tensor]:
+    """Per ε of `epsilons`, bool [h, ceil(R/T), ceil(C/T)]: the off-diagonal tiles some row of each tile row of the
+    band needs for its dropped mass to stay ≤ ε (the band starts at document row r0, a multiple of the tile)."""
     mass = row_tile_mass(doc_probs, tile)
     h, R, nc = mass.shape
     rows = torch.arange(R, device=mass.device)
-    diag = (r0 + rows) // tile
-    mass[:, rows, diag] = 0.0  # the diagonal tile is always computed: nothing of it is dropped
-    need = fewest_kept(mass, epsilon)
+    mass[:, rows, (r0 + rows) // tile] = 0.0  # the diagonal tile is always computed: nothing of it is dropped
     rows_pad = -(-R // tile) * tile
-    if rows_pad != R:
-        need = F.pad(need, (0, 0, 0, rows_pad - R), value=False)
-    return need.view(h, rows_pad // tile, tile, nc).any(2)
+    out = []
+    for need in fewest_kept_each(mass, epsilons):
+        if rows_pad != R:
+            need = F.pad(need, (0, 0, 0, rows_pad - R), value=False)
+        out.append(need.view(h, rows_pad // tile, tile, nc).any(2))
+    return out
 
 
 def column_mass(doc_probs: torch.Tensor) -> torch.Tensor:

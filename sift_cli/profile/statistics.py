@@ -126,8 +126,7 @@ def doc_mass_bits_grid(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc:
     la = torch.zeros(len(epsilons), H, P, P, dtype=torch.bool, device=dev)
     col_sum = torch.zeros(H, n_doc, dtype=torch.float32, device=dev)
     for h0, h1, r0, doc_probs, _ in probability_bands(q, k, prefix_len, n_doc, scale, T, budget_bytes, feats):
-        for e, eps in enumerate(epsilons):
-            tiles = band_mass_tiles(doc_probs, r0, T, eps)
+        for e, tiles in enumerate(band_mass_tiles(doc_probs, r0, T, epsilons)):
             la[e, h0:h1, r0 // T: r0 // T + tiles.shape[1], : tiles.shape[2]] = tiles
         col_sum[h0:h1, : doc_probs.shape[2]] += column_mass(doc_probs)
         del doc_probs

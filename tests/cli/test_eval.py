@@ -196,6 +196,13 @@ def test_eval_recall_from_shards_and_prompts(capsys, tmp_path, tiny_ckpt, tiny_l
     assert_png(tmp_path / "recall.png")
     assert "LA" in out and "per layer" in out
     assert json.loads((tmp_path / "r.json").read_text())["thresholds"]["tile_size"] == 16
+    # a mass-rule set has no thresholds: its recall counts cells at --alpha / --beta as truly high
+    profile_corpus(small_corpus, tmp_path / "mass", tiny_lm, ProfileConfig(tile=16, rule="mass"), num_shards=1)
+    code, out, e = run(capsys, "eval", "recall", "--shards", tmp_path / "mass", "--prompts", pf, "--model", tiny_ckpt,
+                       "--device", "cpu", "--alpha", "0.002", "--json")
+    assert code == 0, e
+    res = json.loads(out)
+    assert res["source"]["rule"] == "mass" and res["thresholds"]["alpha"] == 0.002
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):

@@ -137,6 +137,16 @@ def test_mass_metadata_round_trips(tmp_path, tiny_ckpt, tiny_lm, small_corpus, c
     assert "rule mass  ε=0.03  ε'=0.2" in stdout
     code, stdout, _ = run(capsys, "validate", out, "--json")
     assert code == 0 and json.loads(stdout)["ok"]
+    docs, query = tmp_path / "ids.txt", tmp_path / "q.txt"
+    docs.write_text("doc03\ndoc07\n")
+    query.write_text("Why?\n")
+    code, stdout, _ = run(capsys, "prefill", "--shards", out, "--docs", docs, "--query", query, "--model", tiny_ckpt,
+                          "--backend", "reference", "--max-new-tokens", "1", "--no-noise-floor", "--json")
+    assert code == 0 and json.loads(stdout)["selection"] == {"tile": 16, "rule": "mass", "epsilon": 0.03,
+                                                             "ca_epsilon": 0.2}
+    code, stdout, _ = run(capsys, "prefill", "--shards", out, "--docs", docs, "--query", query, "--model", tiny_ckpt,
+                          "--backend", "reference", "--max-new-tokens", "1", "--no-noise-floor")
+    assert code == 0 and "mass rule ε=0.03 ε'=0.2" in stdout
     # a paper set made before the rule existed reads as the paper rule
     assert rule_of({"sift.tile_size": 64, "sift.alpha": 1e-3, "sift.beta": 1e-2, "sift.gamma": 0.1})["rule"] == "paper"
 

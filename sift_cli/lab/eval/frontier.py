@@ -11,7 +11,8 @@ greedy answer. No time is reported: this measures fidelity (`sift bench prefill`
 `compare_rules` states the issue's questions as data (docs/evaluation.md "The frontier"): on step frontiers (the
 best median KL a rule reaches at or below a density), the mass rule's KL at the paper defaults' density against
 the paper's, and the sparsest mass setting within 2× the noise floor against the density the paper rule needs to
-reach the same KL.
+reach the same KL (a paper rule that never reaches it in its range needs more than its densest point, so that
+density gives a lower bound on the gap).
 """
 
 from __future__ import annotations
@@ -95,13 +96,13 @@ def compare_rules(paper: list[dict], mass: list[dict], noise_median: float) -> d
         out["within_noise"] = {"mass_point": None, "met": False}
     else:
         p = least_density_for(paper, near["kl_median"])
-        gap = p["density"] - near["density"] if p else None
+        # a paper rule that never reaches that KL in its range needs more than its densest point: a lower bound
+        gap = (p["density"] if p else max(q["density"] for q in paper)) - near["density"]
         out["within_noise"] = {"mass_point": _params(near), "mass_density": near["density"],
                                "mass_kl_median": near["kl_median"],
                                "paper_density_for_same_kl": p["density"] if p else None,
-                               "density_gap": gap,
-                               # the paper rule never reaching that KL in its range counts as meeting the gap
-                               "met": p is None or gap >= DENSITY_GAP_TARGET}
+                               "paper_reaches_that_kl": p is not None, "density_gap": gap,
+                               "met": gap >= DENSITY_GAP_TARGET}
     out["mass_dominates"] = bool(out.get("at_paper_default", {}).get("met") and out["within_noise"]["met"])
     return out
 

@@ -236,7 +236,9 @@ def recall_report(model: ModelSpec, shards: Path | None = None, prompts: Path | 
                             "\"question\": ...}")
         sh, specs = ShardSet(shards), read_prompt_file(prompts)
         source = {"shards": str(shards), "prompts": str(prompts)}
-        alpha, beta = float(sh.meta["sift.alpha"]), float(sh.meta["sift.beta"])
+        if sh.meta.get("sift.alpha") is not None:  # a mass-rule set has no thresholds: "truly high" is --alpha, --beta
+            alpha, beta = float(sh.meta["sift.alpha"]), float(sh.meta["sift.beta"])
+        source["rule"] = sh.meta.get("sift.rule") or "paper"
     lm = model.load()
     if data is not None:
         cfg = resolve_profile_config(lm.device, {"tile": tile, "alpha": alpha, "beta": beta, "gamma": gamma}).profile

@@ -4,6 +4,7 @@ grid's bits against `sift profile --rule mass`'s, and the comparison of two rule
 import gzip
 import json
 
+import pytest
 import torch
 
 from sift_cli.config import ProfileConfig
@@ -53,6 +54,11 @@ def test_compare_rules():
     assert c["at_paper_default"]["kl_ratio"] == 0.4 and c["at_paper_default"]["met"]
     w = c["within_noise"]
     assert w["mass_density"] == 0.75 and w["paper_density_for_same_kl"] == 0.9 and w["met"] and c["mass_dominates"]
+    c = compare_rules(paper, [_pt("mass", 0.75, 5e-4, epsilon=0.01, ca_epsilon=0.02)], noise_median=1e-3)
+    w = c["within_noise"]  # the paper rule never gets there: its densest point bounds the gap from below
+    assert not w["paper_reaches_that_kl"] and w["density_gap"] == pytest.approx(0.15) and w["met"]
+    c = compare_rules(paper, [_pt("mass", 0.85, 5e-4, epsilon=0.01, ca_epsilon=0.02)], noise_median=1e-3)
+    assert not c["within_noise"]["met"]
     c = compare_rules(paper, [_pt("mass", 0.6, 8e-3, epsilon=0.02, ca_epsilon=0.05)], noise_median=1e-3)
     assert not c["at_paper_default"]["met"] and c["within_noise"]["mass_point"] is None and not c["mass_dominates"]
 
