@@ -193,3 +193,21 @@ def test_validate_json_problems_carry_code_file_doc_id_row_and_message(shard_set
     for p in problems:
         assert set(p) == {"code", "file", "doc_id", "row", "message"} and p["code"] and p["message"]
     assert any(p["file"] == part_name(1) for p in problems)
+
+
+def test_calibrate_checks_before_the_model(tmp_path, small_corpus, capsys, monkeypatch):
+    from sift_cli.lab.runs import ModelSpec
+
+    monkeypatch.setattr(ModelSpec, "load", lambda self: pytest.fail("the model was loaded"))
+    base = ["calibrate", small_corpus, "--max-kl", 0.1, "--device", "cpu", "--points", "16,0.3,0.3,0.9"]
+    (tmp_path / "qs").mkdir()
+    for extra, fragments in ((["--backend", "fast"], ("fast",)), (["--block-n", 96], ("--block-n",)),
+                             (["--max-new-tokens", -3], ("--max-new-tokens -3",)),
+                             (["--queries", tmp_path / "qs"], ("--queries", "is a folder")),
+                             (["--config-out", tmp_path / "qs"], ("--config-out", "is a folder")),
+                             (["--config-out", small_corpus / "doc00.txt" / "sift.toml"], ("is a file",))):
+        code, _, err = run(capsys, *base, *extra)
+        assert_one_line_error(code, err, *fragments)
+    _unwritable(monkeypatch)
+    code, _, err = run(capsys, *base, "--config-out", tmp_path / "ro" / "sift.toml")
+    assert_one_line_error(code, err, "cannot write there")
