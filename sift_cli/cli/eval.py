@@ -13,7 +13,7 @@ from .console import out, print_json, progress
 from .eval_tables import render_calibrate, render_qa, render_recall, render_storage, render_sweep
 from .options import (AlphaOpt, BackendOpt, BetaOpt, BlockMOpt, BlockNOpt, DataOpt, DeviceOpt, DtypeOpt, GammaOpt,
                       JsonOpt, ModelOpt, PlotOpt, SeedOpt, ThreadsOpt, TileOpt, TilesOpt, WorkOpt)
-from .results import finish
+from .results import check_outputs, finish
 
 NO_CANDIDATE = 4  # `sift calibrate`'s exit code when no candidate meets the target (docs/cli.md)
 
@@ -85,6 +85,7 @@ def recall(
     """Recall of the truly high attention cells of composed prompts by the stored LA tiles and CA pages."""
     from ..lab.eval.recall import recall_report
 
+    check_outputs(save, plot)
     res = recall_report(_model(model, device, dtype, threads), shards, prompts, data, data_dir, n_docs, n_prompts,
                         docs_per_prompt, words, seed, tile, alpha, beta, gamma, block_m, block_n, work,
                         progress_bar=_bars(as_json))
@@ -144,6 +145,7 @@ def qa(
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     sizes = _ints(n_docs, "--n-docs")
+    check_outputs(save, plot, results)
     result = qa_report(_model(model, device, dtype, threads), records, nq, sizes, questions, gold_position, seed,
                        mode_list, backend, max_new_tokens, ratio, blend_mask, tile, alpha, beta, gamma, block_m,
                        block_n, results, data_dir, work, progress_bar=_bars(as_json))
@@ -179,6 +181,7 @@ def sweep(
     from ..lab.eval.sweep import sweep_report
 
     pts = _points(points, tiles, alphas, betas, gammas)
+    check_outputs(save, plot)
     res = sweep_report(_model(model, device, dtype, threads), pts, data, corpus, data_dir, n_docs, n_prompts,
                        docs_per_prompt, words, seed, backend, block_m, block_n, max_new_tokens, with_recall,
                        progress_bar=_bars(as_json))
