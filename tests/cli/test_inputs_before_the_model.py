@@ -201,7 +201,7 @@ def test_calibrate_checks_before_the_model(tmp_path, small_corpus, capsys, monke
     monkeypatch.setattr(ModelSpec, "load", lambda self: pytest.fail("the model was loaded"))
     base = ["calibrate", small_corpus, "--max-kl", 0.1, "--device", "cpu", "--points", "16,0.3,0.3,0.9"]
     (tmp_path / "qs").mkdir()
-    for extra, fragments in ((["--backend", "fast"], ("fast",)), (["--block-n", 96], ("--block-n",)),
+    for extra, fragments in ((["--backend", "fast"], ("fast",)), (["--block-n", 0], ("--block-n 0",)),
                              (["--max-new-tokens", -3], ("--max-new-tokens -3",)),
                              (["--queries", tmp_path / "qs"], ("--queries", "is a folder")),
                              (["--config-out", tmp_path / "qs"], ("--config-out", "is a folder")),

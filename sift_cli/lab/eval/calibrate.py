@@ -147,8 +147,8 @@ def check_calibrate_inputs(model: ModelSpec, corpus: str, points: list[GridPoint
     corpus's documents and the questions."""
     target.check()
     check_points(points)
-    if block_n not in (64, 128) or block_m not in (64, 128, 192, 256, 512):
-        raise SiftError("--block-n must be 64 or 128 and --block-m one of 64, 128, 192, 256, 512")
+    if block_m < 1 or block_n < 1:
+        raise SiftError(f"--block-m {block_m} / --block-n {block_n}: block sizes must be positive")
     if max_new_tokens < 0:
         raise SiftError(f"--max-new-tokens {max_new_tokens}: must be at least 0")
     eval_backend(backend, resolve_device(model.device))
