@@ -13,9 +13,9 @@ from ..output_dirs import disk_full_error, is_disk_full
 from ..sample import SAMPLE_QUESTIONS
 from .assemble import assemble
 from .checks import check_ids_held, check_prefill_inputs
+from .layer_progress import layer_progress
 from .lookup import open_set
 from .missing import check_destination, profile_dense_documents
-from .layer_progress import layer_progress
 from .options import PrefillOptions, forward_count
 from .report import run_prefill
 

@@ -41,6 +41,7 @@ def test_prefill_progress_moves_within_a_forward_on_a_cpu(tiny_lm, monkeypatch, 
         (profile_corpus_dir / f"d{i}.txt").write_text(f"document {i} about foxes and dogs " * 8)
     profile_corpus(profile_corpus_dir, tmp_path / "s", tiny_lm, Config(tile=16), num_shards=1)
     monkeypatch.setattr(job, "load_model", lambda *a, **k: tiny_lm)
+    hooks_before = [len(layer._forward_hooks) for layer in decoder_layers(tiny_lm.model)]
     calls = []
     job.prefill_from_shards(tmp_path / "s", ["d0", "d1"], "What jumps?", device="cpu",
                             opts=PrefillOptions(backend="reference", max_new_tokens=3),
@@ -48,4 +49,4 @@ def test_prefill_progress_moves_within_a_forward_on_a_cpu(tiny_lm, monkeypatch, 
     n = tiny_lm.n_layers
     per_forward = [(k / n, 2) for k in range(1, n)]
     assert calls == per_forward + [(1, 2)] + [(1 + x, t) for x, t in per_forward] + [(2, 2)], calls
-    assert all(not layer._forward_hooks for layer in decoder_layers(tiny_lm.model))
+    assert [len(layer._forward_hooks) for layer in decoder_layers(tiny_lm.model)] == hooks_before
