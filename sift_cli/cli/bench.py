@@ -12,7 +12,7 @@ from rich.table import Table
 from ..errors import SiftError
 from .console import err, fmt, out
 from .options import DataOpt, JsonOpt, PlotOpt
-from .results import SaveOpt, finish
+from .results import SaveOpt, check_outputs, finish
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmarks measured side by side in one run.")
 
@@ -127,6 +127,7 @@ def bench_prefill(
     from ..lab.bench.prefill import bench_prefill as run
 
     log = (lambda *a: None) if as_json else (lambda msg: err.print(escape(str(msg))))
+    check_outputs(save, plot)
     result = run([m.strip() for m in models.split(",") if m.strip()], _lengths(lengths), pattern,
                  _doc_tokens(doc_tokens), tuple(m.strip() for m in modes.split(",")),
                  tuple(b.strip() for b in backends.split(",")), repeat, warmup, energy, ratio, ssd_gbps, data_dir,
@@ -165,6 +166,7 @@ def bench_store(
     except ValueError:
         raise SiftError(f"--sizes {sizes!r} / --doc-tokens {doc_tokens!r}: expected numbers like 10000,100000 and "
                         f"100-1500") from None
+    check_outputs(save)
     result = run_store_bench(counts, shape, work_dir, docs_per_shard, (lo, hi), ids, requests, cold, workers=workers,
                              scans=scans, log=log)
 

@@ -14,7 +14,7 @@ from .eval_tables import (render_calibrate, render_frontier, render_qa, render_r
                           render_sweep)
 from .options import (AlphaOpt, BackendOpt, BetaOpt, BlockMOpt, BlockNOpt, DataOpt, DeviceOpt, DtypeOpt, GammaOpt,
                       JsonOpt, ModelOpt, PlotOpt, SeedOpt, ThreadsOpt, TileOpt, TilesOpt, WorkOpt)
-from .results import SaveOpt, finish
+from .results import SaveOpt, check_outputs, finish
 
 NO_CANDIDATE = 4  # `sift calibrate`'s exit code when no candidate meets the target (docs/cli.md)
 
@@ -86,6 +86,7 @@ def recall(
     """Recall of the truly high attention cells of composed prompts by the stored LA tiles and CA pages."""
     from ..lab.eval.recall import recall_report
 
+    check_outputs(save, plot)
     res = recall_report(_model(model, device, dtype, threads), shards, prompts, data, data_dir, n_docs, n_prompts,
                         docs_per_prompt, words, seed, tile, alpha, beta, gamma, block_m, block_n, work,
                         progress_bar=_bars(as_json))
@@ -154,6 +155,7 @@ def qa(
     selection = ({"rule": "mass", "epsilon": epsilon, "ca_epsilon": ca_epsilon} if rule == "mass"
                  else {"rule": rule, "epsilon": epsilon, "ca_epsilon": ca_epsilon, "alpha": alpha, "beta": beta,
                        "gamma": gamma})
+    check_outputs(save, plot, results)
     result = qa_report(_model(model, device, dtype, threads), records, nq, sizes, questions, gold_position, seed,
                        mode_list, backend, max_new_tokens, ratio, blend_mask, tile, alpha, beta, gamma, block_m,
                        block_n, results, data_dir, work, progress_bar=_bars(as_json), noise_floor=noise_floor,
@@ -191,6 +193,7 @@ def sweep(
     from ..lab.eval.sweep import sweep_report
 
     pts = _points(points, tiles, alphas, betas, gammas)
+    check_outputs(save, plot)
     res = sweep_report(_model(model, device, dtype, threads), pts, data, corpus, data_dir, n_docs, n_prompts,
                        docs_per_prompt, words, seed, backend, block_m, block_n, max_new_tokens, with_recall,
                        progress_bar=_bars(as_json))
@@ -225,6 +228,7 @@ def frontier(
     from ..lab.eval.frontier import MASS_POINTS, PAPER_POINTS, frontier_report
 
     names = [x.strip() for x in sets.split(",") if x.strip()]
+    check_outputs(save, plot)
     res = frontier_report(_model(model, device, dtype, threads), names, n_prompts, paper or PAPER_POINTS,
                           mass or MASS_POINTS, tile, seed, backend, block_m, block_n, max_new_tokens, data_dir,
                           essay_words, progress_bar=_bars(as_json))

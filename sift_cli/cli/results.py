@@ -14,6 +14,13 @@ SaveOpt = typer.Option(None, "--save", "--out", help="write the result (rows, pr
                                                       "versions) as JSON here")
 
 
+def check_outputs(save: Path | None = None, plot: Path | None = None, results: Path | None = None) -> None:
+    """The files a measurement writes when it ends, checked before it starts (`lab.runs.check_output_files`)."""
+    from ..lab.runs import check_output_files
+
+    check_output_files(save, plot, results)
+
+
 def finish(result, save: Path | None, plot: Path | None, plot_name: str | None, as_json: bool,
            render: Callable[[dict], object], plot_of: Callable[[dict], object] = lambda r: r,
            kind: str | None = None) -> None:

@@ -18,6 +18,11 @@ def _plt():
     return plt
 
 
+def check_available() -> None:
+    """Raise the one-line error now when matplotlib is missing (before a measurement, not after it)."""
+    _plt()
+
+
 def _save(fig, path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

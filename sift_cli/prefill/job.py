@@ -14,9 +14,10 @@ from ..output_dirs import disk_full_error, is_disk_full
 from ..sample import SAMPLE_QUESTIONS
 from .assemble import assemble
 from .checks import check_ids_held, check_prefill_inputs
+from .layer_progress import layer_progress
 from .lookup import open_set
 from .missing import check_destination, profile_dense_documents
-from .options import PrefillOptions
+from .options import PrefillOptions, forward_count
 from .report import run_prefill
 
 
@@ -34,7 +35,8 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
     if profile_missing is not None:
         check_destination(profile_missing, sets[0], lm)
     prompt = assemble(sets, lm, docs, query)
-    report = run_prefill(lm, prompt, opts, progress=progress)
+    with layer_progress(lm, progress, forward_count(opts, lm.device)) as per_forward:
+        report = run_prefill(lm, prompt, opts, progress=per_forward)
     report["selection"] = rule_of(sets[0].meta)  # every set of a prompt holds one kind of bits (`lookup`)
     report["store"] = opened
     if profile_missing is not None:
@@ -65,7 +67,8 @@ def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int 
     reports = []
     for q in SAMPLE_QUESTIONS[:n]:
         prompt = assemble(shards, lm, list(q.doc_ids), q.question)
-        report = run_prefill(lm, prompt, PrefillOptions(max_new_tokens=q.max_new_tokens, repeat=3, warmup=1),
-                             progress=progress)
+        opts = PrefillOptions(max_new_tokens=q.max_new_tokens, repeat=3, warmup=1)
+        with layer_progress(lm, progress, forward_count(opts, lm.device)) as per_forward:
+            report = run_prefill(lm, prompt, opts, progress=per_forward)
         reports.append({**report, "question": q.question, "expected": q.answer})
     return reports

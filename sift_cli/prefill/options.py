@@ -45,6 +45,12 @@ def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
                                warmup=d["warmup"] if opts.warmup is None else opts.warmup)
 
 
+def forward_count(opts: PrefillOptions, device) -> int:
+    """The forwards `report.run_prefill` runs: warm-ups and timed runs, of full recompute and of SIFT."""
+    o = with_device_defaults(opts, device)
+    return (max(0, o.warmup) + max(1, o.repeat)) * 2
+
+
 def for_backend(opts: PrefillOptions, backend, head_dim: int, seq_len: int, dense_share: float = 0.0,
                 selected_share: float = 0.0) -> PrefillOptions:
     """`opts` with an unset query block size set to the one the backend runs this prompt best with (its

@@ -193,3 +193,46 @@ def test_validate_json_problems_carry_code_file_doc_id_row_and_message(shard_set
     for p in problems:
         assert set(p) == {"code", "file", "doc_id", "row", "message"} and p["code"] and p["message"]
     assert any(p["file"] == part_name(1) for p in problems)
+
+
+def test_calibrate_checks_before_the_model(tmp_path, small_corpus, capsys, monkeypatch):
+    from sift_cli.lab.runs import ModelSpec
+
+    monkeypatch.setattr(ModelSpec, "load", lambda self: pytest.fail("the model was loaded"))
+    base = ["calibrate", small_corpus, "--max-kl", 0.1, "--device", "cpu", "--points", "16,0.3,0.3,0.9"]
+    (tmp_path / "qs").mkdir()
+    for extra, fragments in ((["--backend", "fast"], ("fast",)), (["--block-n", 0], ("--block-n 0",)),
+                             (["--max-new-tokens", -3], ("--max-new-tokens -3",)),
+                             (["--queries", tmp_path / "qs"], ("--queries", "is a folder")),
+                             (["--config-out", tmp_path / "qs"], ("--config-out", "is a folder")),
+                             (["--config-out", small_corpus / "doc00.txt" / "sift.toml"], ("is a file",))):
+        code, _, err = run(capsys, *base, *extra)
+        assert_one_line_error(code, err, *fragments)
+    _unwritable(monkeypatch)
+    code, _, err = run(capsys, *base, "--config-out", tmp_path / "ro" / "sift.toml")
+    assert_one_line_error(code, err, "cannot write there")
+
+
+def test_measurements_check_the_files_they_write_before_they_start(tmp_path, capsys, monkeypatch):
+    """--save, --plot and --results of a measurement of minutes to hours are checked before it starts."""
+    import sift_cli.lab.eval.sweep as sweep
+    import sift_cli.lab.plots as plots
+    from sift_cli.lab.runs import ModelSpec
+
+    monkeypatch.setattr(ModelSpec, "load", lambda self: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(sweep, "sweep_report", lambda *a, **k: pytest.fail("the sweep started"))
+    base = ["eval", "sweep", "--data", "nq", "--points", "16,0.3,0.3,0.9"]
+    code, _, err = run(capsys, *base, "--save", tmp_path)
+    assert_one_line_error(code, err, "--save", "is a folder")
+    (tmp_path / "f").write_text("x")
+    code, _, err = run(capsys, *base, "--plot", tmp_path / "f" / "p.png")
+    assert_one_line_error(code, err, "--plot's folder", "is a file")
+
+    def no_matplotlib():
+        raise plots.SiftError("--plot needs matplotlib: pip install 'sift-cli[plot]' (or pip install matplotlib)")
+
+    monkeypatch.setattr(plots, "_plt", no_matplotlib)
+    code, _, err = run(capsys, *base, "--plot", tmp_path / "p.png")
+    assert_one_line_error(code, err, "--plot needs matplotlib")
+    code, _, err = run(capsys, "eval", "qa", "--nq", "--results", tmp_path, "--modes", "full")
+    assert_one_line_error(code, err, "--results", "is a folder")

@@ -25,3 +25,28 @@ def test_progress_total_first_then_per_layer_and_never_back(tmp_path, tiny_lm, s
     assert done == sorted(done) and len(set(done)) == len(done)
     # within each batch, as its layers finish: every layer of every batch moves it (its tokens differ)
     assert len(calls) == 1 + len(batches) * tiny_lm.n_layers, (calls, batches)
+
+
+def test_prefill_progress_moves_within_a_forward_on_a_cpu(tiny_lm, monkeypatch, tmp_path):
+    """On a CPU the prefill's progress counts forwards and moves by fractions of one as its layers finish; the
+    answer's tokens, generated after the last forward, move nothing; no hook is left on the model."""
+    import sift_cli.prefill.job as job
+    from sift_cli.config import ProfileConfig as Config
+    from sift_cli.prefill.layer_progress import decoder_layers
+    from sift_cli.prefill.options import PrefillOptions
+
+    profile_corpus_dir = tmp_path / "c"
+    profile_corpus_dir.mkdir()
+    for i in range(2):
+        (profile_corpus_dir / f"d{i}.txt").write_text(f"document {i} about foxes and dogs " * 8)
+    profile_corpus(profile_corpus_dir, tmp_path / "s", tiny_lm, Config(tile=16), num_shards=1)
+    monkeypatch.setattr(job, "load_model", lambda *a, **k: tiny_lm)
+    hooks_before = [len(layer._forward_hooks) for layer in decoder_layers(tiny_lm.model)]
+    calls = []
+    job.prefill_from_shards(tmp_path / "s", ["d0", "d1"], "What jumps?", device="cpu",
+                            opts=PrefillOptions(backend="reference", max_new_tokens=3),
+                            progress=lambda done, total: calls.append((done, total)))
+    n = tiny_lm.n_layers
+    per_forward = [(k / n, 2) for k in range(1, n)]
+    assert calls == per_forward + [(1, 2)] + [(1 + x, t) for x, t in per_forward] + [(2, 2)], calls
+    assert [len(layer._forward_hooks) for layer in decoder_layers(tiny_lm.model)] == hooks_before

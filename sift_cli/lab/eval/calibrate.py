@@ -22,6 +22,8 @@ from pathlib import Path
 from ...config_file import FILE_NAME, write_config
 from ...corpus import CorpusFormat, load_documents
 from ...errors import SiftError
+from ...models import resolve_device
+from ...output_dirs import check_writable_dir
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
 from .backend import eval_backend
 from .prompt_sets import PromptSet, check_document_count, corpus_prompt_set
@@ -178,12 +180,37 @@ def read_queries(path: Path | None) -> list[str] | None:
     """`--queries`: typical user questions, one per line (None: generic ones)."""
     if path is None:
         return None
+    if path.is_dir():
+        raise SiftError(f"--queries {path} is a folder — give a file of questions, one per line")
     if not path.is_file():
         raise SiftError(f"--queries {path}: file not found")
     qs = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not qs:
         raise SiftError(f"--queries {path}: no questions")
     return qs
+
+
+def check_calibrate_inputs(model: ModelSpec, corpus: str, points: list[GridPoint], target: Target,
+                           fmt: CorpusFormat, docs_per_prompt: int, queries: Path | None, backend: str, block_m: int,
+                           block_n: int, max_new_tokens: int, config_out: Path, dry_run: bool
+                           ) -> tuple[list, list[str] | None]:
+    """Every check of `sift calibrate` that needs no model, before it loads: the target, the candidates, the
+    questions, the corpus, the backend on the device, the block sizes, and where the choice is written. Returns the
+    corpus's documents and the questions."""
+    check_candidates(points, target)
+    if block_m < 1 or block_n < 1:
+        raise SiftError(f"--block-m {block_m} / --block-n {block_n}: block sizes must be positive")
+    if max_new_tokens < 0:
+        raise SiftError(f"--max-new-tokens {max_new_tokens}: must be at least 0")
+    eval_backend(backend, resolve_device(model.device))
+    if not dry_run:
+        if Path(config_out).is_dir():
+            raise SiftError(f"--config-out {config_out} is a folder — give the file to write (sift.toml)")
+        check_writable_dir(Path(config_out).parent, "--config-out's folder")
+    qs = read_queries(queries)
+    docs = load_documents(resolve_corpus(corpus), fmt)
+    check_document_count(docs, docs_per_prompt, str(corpus))
+    return docs, qs
 
 
 def calibrate_corpus(model: ModelSpec, corpus: str, points: list[GridPoint], target: Target,
@@ -193,11 +220,8 @@ def calibrate_corpus(model: ModelSpec, corpus: str, points: list[GridPoint], tar
                      dry_run: bool = False, progress_bar: ProgressBar = no_progress) -> dict:
     """`sift calibrate`: the sparsest point meeting `target` on prompts sampled from `corpus`, written to
     `config_out` (sift.toml, which `sift profile` reads) unless `dry_run`; res["config"] is the file written."""
-    target.check()
-    check_candidates(points, target)
-    qs = read_queries(queries)
-    docs = load_documents(resolve_corpus(corpus), fmt)  # the corpus is checked before the model loads
-    check_document_count(docs, docs_per_prompt, str(corpus))
+    docs, qs = check_calibrate_inputs(model, corpus, points, target, fmt, docs_per_prompt, queries, backend,
+                                      block_m, block_n, max_new_tokens, config_out, dry_run)
     lm = model.load()
     pset = corpus_prompt_set(docs, fmt, n_prompts, docs_per_prompt, qs, seed, lm=lm,  # prompts fit the context
                              source=str(corpus))
