@@ -17,6 +17,7 @@ from ...prefill.graphs import GraphedPrefill, graphed_sparse_prefill
 from ...prefill.options import PrefillOptions, for_prompt
 from ...prefill.plan import choose_decoder
 from ...prefill.run import sparse_prefill, sync_device
+from ...timing import timing_protocol
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV
@@ -53,6 +54,13 @@ class CaseRun:
         self.base = {"model": self.case.label, "pattern": self.case.pattern, "tokens": self.L,
                      "device": device_name(self.dev), "dtype": str(lm.dtype).replace("torch.", ""), "docs": len(docs),
                      "doc_tokens": max((d.n_tokens for d in docs), default=0), "tile": self.case.bits.tile}
+
+    def speedup(self, ttft: float) -> float | None:
+        """Full recompute's TTFT over `ttft`, withheld (None) when the runs do not meet the timing rule
+        (`timing.timing_protocol`)."""
+        if not ttft or timing_protocol(self.repeat, self.warmup)["speedup_withheld"]:
+            return None
+        return self.full / ttft
 
     @property
     def attn_full(self) -> float:
@@ -171,12 +179,13 @@ class CaseRun:
                "query_blocks": opts.query_blocks, "block_m": opts.block_m, "block_n": self.block_n,
                "metadata_bytes": self.case.bits.nbytes(),
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
-               "speedup": self.full / ttft if ttft else None, "decoder": decoder,
+               "speedup": self.speedup(ttft), "decoder": decoder,
                "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms}
         del block_lists
         self.add_energy(row, run)
         self.rows.append(row)
-        self.log(f"  {self.L:>6} {mode:<12}{ttft:9.1f} ms  ×{row['speedup']:.2f}  density {cells:.3f}  "
+        speed = "" if row["speedup"] is None else f"×{row['speedup']:.2f}"
+        self.log(f"  {self.L:>6} {mode:<12}{ttft:9.1f} ms  {speed:>6}  density {cells:.3f}  "
                  f"cells/allowed {row['cells_over_allowed']:.3f}  ideal {ideal:.1f} ms"
                  + (f"  decode {decode:.1f} ms" if decode is not None else ""))
 
@@ -226,7 +235,7 @@ class CaseRun:
                "kv_bytes": layer_bytes * (cfg.num_hidden_layers - hk.first),
                "kv_source": "pinned host DRAM, streamed per layer" if cuda else "CPU memory",
                "ssd_gbps": self.ssd_gbps, "ssd_model_ms": ssd, "recompute_ratio": self.ratio, "mask": mask,
-               "speedup": self.full / ttft if ttft else None}
+               "speedup": self.speedup(ttft)}
         self.add_energy(row, blend)
         self.rows.append(row)
         self.log(f"  {self.L:>6} cacheblend  {ttft:9.1f} ms  (compute {compute:.1f} ms"
