@@ -29,9 +29,10 @@ def prefill(
     max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="answer tokens generated after the prefill "
                                                                  "(0: none, the first-token check only)"),
     repeat: Optional[int] = typer.Option(None, "--repeat", help="timed runs of each mode, median reported "
-                                                                "(default: 3 on a GPU, 1 on a CPU)"),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="untimed runs of each mode first (default: 1 on a "
-                                                                "GPU, 0 on a CPU)"),
+                                                                "(default: 3 on a GPU and for prompts up to 1,024 "
+                                                                "tokens on a CPU, else 1: no speed-up printed)"),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="untimed runs of each mode first (default: 1 "
+                                                                "where --repeat defaults to 3, else 0)"),
     block_m: Optional[int] = typer.Option(None, "--block-m", help="query block rows (default: the backend's "
                                                                   "choice, docs/kernels.md)"),
     block_n: int = typer.Option(64, "--block-n", help="KV block size (64 or 128)"),
@@ -119,9 +120,15 @@ def render_prefill(r: dict, question: str) -> None:
     if r["sift"].get("lookup_ms") is not None:
         decode = (f"bits lookup {r['sift']['lookup_ms']:.3f} ms ({pct(r['lookup_share_of_ttft'])} of SIFT TTFT)   "
                   + decode)
-    out.print(f"speed-up {r['speedup']:.2f}×   {decode}first token "
+    t = r.get("timing") or {}
+    speed = (f"speed-up {r['speedup']:.2f}× (median of {t.get('repeat')} runs after {t.get('warmup')} warm-up"
+             f"{'s' * (t.get('warmup') != 1)})   "
+             if r["speedup"] is not None else "")
+    out.print(f"{speed}{decode}first token "
               f"{'same' if r['first_token_match'] else 'DIFFERENT'}   KL {r['kl']:.2e}   "
               f"max |Δlogit| {r['max_abs_logit_diff']:.3f}")
+    if t.get("speedup_withheld"):
+        out.print(f"[dim]{escape(t['speedup_withheld'])}[/]")
     if r.get("noise_floor"):
         out.print(noise_line(r["noise_floor"]))
     if r.get("cuda_graphs"):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import timing
 from ..block_table import QUERY_BLOCKS
 from ..errors import SiftError
 from ..layout import PromptBits
@@ -28,19 +29,23 @@ class PrefillOptions:
     noise_floor: bool = True  # one more untimed full recompute in the reference precision (`noise`)
 
 
-def timing_defaults(device) -> dict:
-    """Timed runs and warm-ups of each mode when the caller does not set them: on a GPU the median of 3 runs after
-    1 warm-up (compilation, autotuning and allocation stay out of the timings); on a CPU 1 run and no warm-up, as
-    nothing there needs one and a forward of a long prompt takes minutes (its timings check, they do not
-    benchmark)."""
-    if torch.device(device).type == "cuda":
-        return {"repeat": 3, "warmup": 1}
-    return {"repeat": 1, "warmup": 0}
+def timing_defaults(device, prompt_tokens: int | None = None) -> dict:
+    """Timed runs and warm-ups of each mode when the caller does not set them (`timing.timing_defaults`: the warm
+    median on a GPU and for short prompts on a CPU, else one cold run that prints no speed-up)."""
+    return timing.timing_defaults(torch.device(device).type, prompt_tokens)
 
 
-def with_device_defaults(opts: PrefillOptions, device) -> PrefillOptions:
-    """`opts` with the unset timing fields (repeat, warmup) filled in for `device`."""
-    d = timing_defaults(device)
+def with_device_defaults(opts: PrefillOptions, device, prompt_tokens: int | None = None) -> PrefillOptions:
+    """`opts` with the unset timing fields (repeat, warmup) filled in for `device` and a prompt of that length.
+    One set alone decides the other where it meets the timing rule (--repeat 3 alone warms up once, --warmup 1
+    alone times 3 runs); below the rule a CPU takes the cold values (--repeat 1 alone: no warm-up), a GPU its
+    defaults (a warm-up keeps compilation out of any timing)."""
+    d = timing_defaults(device, prompt_tokens)
+    gpu = torch.device(device).type == "cuda"
+    if opts.repeat is not None and opts.warmup is None:
+        d["warmup"] = timing.MIN_WARMUPS if opts.repeat >= timing.MIN_RUNS or gpu else 0
+    if opts.warmup is not None and opts.repeat is None:
+        d["repeat"] = timing.MIN_RUNS if opts.warmup >= timing.MIN_WARMUPS or gpu else 1
     return dataclasses.replace(opts, repeat=d["repeat"] if opts.repeat is None else opts.repeat,
                                warmup=d["warmup"] if opts.warmup is None else opts.warmup)
 

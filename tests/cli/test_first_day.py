@@ -137,14 +137,14 @@ def test_prefill_defaults_suit_the_device(tiny_lm, shard_set):
     from sift_cli.prefill.report import run_prefill
     from sift_cli.shards.reader import ShardSet
 
-    assert timing_defaults("cpu") == {"repeat": 1, "warmup": 0}
+    assert timing_defaults("cpu", 5000) == {"repeat": 1, "warmup": 0}  # the rule: tests/test_timing_rule.py
     assert timing_defaults("cuda:0") == {"repeat": 3, "warmup": 1}
     assert with_device_defaults(PrefillOptions(repeat=5), torch.device("cpu")).repeat == 5
     calls = []
     prompt = assemble(ShardSet(shard_set), tiny_lm, ["doc01", "doc02"], "What jumps?")
-    r = run_prefill(tiny_lm, prompt, PrefillOptions(backend="reference", max_new_tokens=2),
+    r = run_prefill(tiny_lm, prompt, PrefillOptions(backend="reference", max_new_tokens=2, repeat=1),
                     progress=lambda done, total: calls.append((done, total)))
-    assert calls == [(1, 2), (2, 2)]  # one full-recompute and one SIFT forward: no warm-up, one timed run
+    assert calls == [(1, 2), (2, 2)]  # --repeat 1 alone: one full-recompute and one SIFT forward, no warm-up
     assert len(r["dense"]["runs_ms"]) == 1
 
 

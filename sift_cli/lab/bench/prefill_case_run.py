@@ -23,6 +23,7 @@ from ...prefill.graphs import GraphedPrefill, graphed_sparse_prefill
 from ...prefill.options import PrefillOptions, for_prompt
 from ...prefill.plan import choose_decoder
 from ...prefill.run import sparse_prefill, sync_device
+from ...timing import timing_protocol
 from ..eval.kvreuse import blend_forward, inv_freq_of, is_llama_family
 from .energy import EnergyMeter, energy_metrics
 from .host_kv import HostKV
@@ -65,6 +66,13 @@ class CaseRun:
     @property
     def protocol(self) -> str:
         return "graphed" if self.cuda_graphs else "eager"
+
+    def speedup(self, ttft: float) -> float | None:
+        """Full recompute's TTFT over `ttft`, withheld (None) when the runs do not meet the timing rule
+        (`timing.timing_protocol`)."""
+        if not ttft or timing_protocol(self.repeat, self.warmup)["speedup_withheld"]:
+            return None
+        return self.full / ttft
 
     @property
     def attn_full(self) -> float:
@@ -195,12 +203,13 @@ class CaseRun:
                "ideal_ms": ideal, "ttft_over_ideal": ttft / ideal if ideal > 0 else None,
                "ideal_computed_ms": ideal_computed,
                "ttft_over_ideal_computed": ttft / ideal_computed if ideal_computed > 0 else None,
-               "speedup": self.full / ttft if ttft else None, "decoder": decoder,
+               "speedup": self.speedup(ttft), "decoder": decoder,
                "cuda_graphs": self.cuda_graphs, "capture_ms": capture_ms, "baseline_protocol": self.baseline_protocol}
         del block_lists
         self.add_energy(row, run)
         self.rows.append(row)
-        self.log(f"  {self.L:>6} {mode:<12}{ttft:9.1f} ms  ×{row['speedup']:.2f}  density {cells:.3f}  "
+        speed = "" if row["speedup"] is None else f"×{row['speedup']:.2f}"
+        self.log(f"  {self.L:>6} {mode:<12}{ttft:9.1f} ms  {speed:>6}  density {cells:.3f}  "
                  f"cells/allowed {row['cells_over_allowed']:.3f}  ideal {ideal:.1f} ms (computed cells "
                  f"{ideal_computed:.1f} ms)"
                  + (f"  decode {decode:.1f} ms" if decode is not None else ""))
@@ -261,7 +270,7 @@ class CaseRun:
                "kv_bytes": layer_bytes * (cfg.num_hidden_layers - hk.first),
                "kv_source": "pinned host DRAM, streamed per layer" if cuda else "CPU memory",
                "ssd_gbps": self.ssd_gbps, "ssd_model_ms": ssd, "recompute_ratio": self.ratio, "mask": mask,
-               "speedup": self.full / ttft if ttft else None, "cuda_graphs": False,
+               "speedup": self.speedup(ttft), "cuda_graphs": False,
                "baseline_protocol": self.baseline_protocol}
         self.add_energy(row, blend)
         self.rows.append(row)
