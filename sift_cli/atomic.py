@@ -1,11 +1,15 @@
-"""Files that appear whole or not at all: written to a temporary name beside their place, flushed, then renamed
-into place (the writer of every shard, store and record file)."""
+"""Files that appear whole or not at all: written to a temporary name beside their place (unique per process),
+flushed, renamed into place and the directory flushed, so the rename itself survives a power cut (the writer of
+every shard, store, manifest, record and config file)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from pathlib import Path
+
+from .faults import file_kind, kill_point
 
 
 def _new_temporary(path: Path) -> str:
@@ -21,15 +25,29 @@ def _new_temporary(path: Path) -> str:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
+def fsync_directory(directory: Path) -> None:
+    """Flush a directory's entries (a rename in it) to disk; a no-op where directories cannot be opened."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def atomic_write(path: Path, write) -> None:
-    """Run write(tmp_path), then rename into place: a crash never leaves a readable half file at `path`. The file's
-    mode follows the umask."""
+    """Run write(tmp_path), then rename into place: a crash never leaves a readable half file at `path`, and a
+    failed write leaves nothing behind. The file's mode follows the umask."""
+    path = Path(path)
+    kind = file_kind(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    kill_point(f"{kind}:before-write")
     tmp = _new_temporary(path)
     try:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        kill_point(f"{kind}:before-rename")
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -37,3 +55,5 @@ def atomic_write(path: Path, write) -> None:
         except FileNotFoundError:
             pass
         raise
+    fsync_directory(path.parent)
+    kill_point(f"{kind}:after-rename")

@@ -3,7 +3,7 @@
 The same path as `sift profile`, bucket by bucket: each document goes to the bucket its id hashes to; holding
 that bucket's claim, the writer reads the bucket's file, profiles the documents it lacks with the job's own
 batching (`profile_rows`, so the bits are the ones `sift profile` writes), and replaces the file atomically with
-the old rows plus the new ones. The manifest is then rewritten under the set's index lock, so concurrent writers
+the old rows plus the new ones. The manifest is then rewritten under the set's manifest lock, so concurrent writers
 (other prompts, other processes, a running `sift profile`) leave every file whole and the last manifest complete;
 nothing written, the manifest is left as it is.
 
@@ -71,8 +71,7 @@ def add_documents(out: str | Path, docs: list[Document], lm: LoadedModel, cfg: P
         with claims.claim(s, wait=True):
             wrote |= _add_to_bucket(out, s, members, tokens, lm, cfg, prefix_ids, meta, report)
     if wrote or not (out / MANIFEST).is_file():
-        with claims.index_lock():
-            write_manifest(out)
+        write_manifest(out)  # under the manifest lock, taken with no bucket claim held
     report.manifest = str(out / MANIFEST)
     report.seconds = time.perf_counter() - t0
     return report
