@@ -7,22 +7,50 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import socket
 from pathlib import Path
 
 from .faults import file_kind, kill_point
 
+_HOST = socket.gethostname().replace(".", "_").replace("~", "_")
+
 
 def _new_temporary(path: Path) -> str:
-    """Create an empty temporary file beside `path` (`.NAME.RANDOM.tmp`), its mode 0666 less the umask as for any
-    ordinary file (tempfile.mkstemp would make it 0600, unreadable to the other users of a shared cluster)."""
+    """Create an empty temporary file beside `path` (`.NAME.HOST~PID~RANDOM.tmp`: its writer can be told dead), its
+    mode 0666 less the umask as for any ordinary file (tempfile.mkstemp would make it 0600, unreadable to the other
+    users of a shared cluster)."""
     for _ in range(100):
-        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        tmp = str(path.parent / f".{path.name}.{_HOST}~{os.getpid()}~{secrets.token_hex(6)}.tmp")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             return tmp
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def remove_dead_temporaries(directory: Path, pattern: str = ".*.tmp") -> int:
+    """Remove the temporaries in `directory` whose writer was a process of this host that is gone (killed before
+    its rename): a temporary's name is its writer's alone, so no live process can need it. Returns how many."""
+    n = 0
+    for p in Path(directory).glob(pattern):
+        fields = p.name[:-len(".tmp")].rsplit(".", 1)[-1].split("~")
+        if len(fields) != 3 or fields[0] != _HOST or not fields[1].isdigit() or _alive(int(fields[1])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            n += 1
+    return n
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def fsync_directory(directory: Path) -> None:

@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from .atomic import atomic_write
+from .atomic import atomic_write, remove_dead_temporaries
 from .errors import SiftError
 
 FILE_NAME = "sift.toml"
@@ -115,4 +115,5 @@ def write_config(path: str | Path, profile: dict, calibration: dict, comment: st
     lines.extend(f"{k} = {_toml_value(v)}" for k, v in calibration.items() if v is not None)
     text = "\n".join(lines) + "\n"
     atomic_write(p, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))  # a temporary of its own per process
+    remove_dead_temporaries(p.parent, f".{p.name}.*.tmp")  # a killed calibration's
     return p

@@ -200,9 +200,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_tmp_files(out: Path, shard: int) -> int:
-    """Delete half-written temporaries of one bucket (`.part-NNNNN.parquet.*.tmp`), left by a killed writer."""
+    """Delete half-written temporaries of one bucket (`.part-NNNNN.parquet.*.tmp` and the store's
+    `store/.part-NNNNN.sbits.*.tmp`), left by a killed writer; its claim is held."""
     n = 0
-    for p in Path(out).glob(f".part-{shard:05d}.parquet.*.tmp"):
+    out = Path(out)
+    for p in [*out.glob(f".part-{shard:05d}.parquet.*.tmp"), *(out / "store").glob(f".part-{shard:05d}.sbits.*.tmp")]:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
             n += 1

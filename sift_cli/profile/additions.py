@@ -70,7 +70,7 @@ def add_documents(out: str | Path, docs: list[Document], lm: LoadedModel, cfg: P
     for s, members in sorted(buckets.items()):
         with claims.claim(s, wait=True):
             wrote |= _add_to_bucket(out, s, members, tokens, lm, cfg, prefix_ids, meta, report)
-    if wrote or not (out / MANIFEST).is_file():
+    if wrote or _index_behind(out):
         write_manifest(out)  # under the manifest lock, taken with no bucket claim held
     report.manifest = str(out / MANIFEST)
     report.seconds = time.perf_counter() - t0
@@ -108,3 +108,13 @@ def _add_to_bucket(out: Path, s: int, members: list[Document], tokens: dict, lm:
     report.tokens += sum(len(t) for _, t in keep)
     return True
 
+
+
+def _index_behind(out: Path) -> bool:
+    """Whether the manifest is missing or older than a part file (a writer died between the two): then it and the
+    store are brought up to date even when nothing is added now."""
+    try:
+        written = (out / MANIFEST).stat().st_mtime_ns
+    except FileNotFoundError:
+        return True
+    return any(p.stat().st_mtime_ns > written for p in out.glob("part-*.parquet"))
