@@ -22,7 +22,7 @@ import torch
 from .atomic import fsync_directory
 from .cache import cache_dir
 from .faults import kill_point
-from .locks import cache_lock
+from .locks import cache_lock, drop_if_free
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -100,6 +100,7 @@ def gguf_cached_dir(gguf: Path, sha: str, convert=None) -> Path:
     root = cache_dir() / "gguf"
     target = root / sha[:24]
     if _cache_complete(target):
+        drop_if_free(root / f".{sha[:24]}.lock")  # a converter killed after its rename left it
         return target
     root.mkdir(parents=True, exist_ok=True)
     with cache_lock(root, f".{sha[:24]}"):  # flock, or an O_EXCL lock file where flock is unavailable

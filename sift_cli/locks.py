@@ -13,10 +13,16 @@ lock: the last calibration wins whole) are independent of both.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Iterator
 
 from .faults import kill_point
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 from .launch.claims import BucketClaims
 
 
@@ -40,3 +46,24 @@ def cache_lock(directory: Path, stem: str) -> Iterator[None]:
     conversion of one GGUF checkpoint into the cache."""
     with BucketClaims(directory).named_lock(stem):
         yield
+
+
+def drop_if_free(path: Path) -> bool:
+    """Remove a flock lock file that no process holds (its holder was killed), found so by taking it; a held one,
+    or one that cannot be removed (a read-only folder), is left. Returns whether it was removed."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:
+            return False  # replaced meanwhile: someone else's
+        os.unlink(path)  # while holding it: a process that opened it too sees it is gone and retries
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..config import ProfileConfig
 from ..corpus import Document
 from ..errors import SiftError
+from ..locks import drop_if_free
 from ..launch.claims import BucketClaims
 from ..models import LoadedModel
 from ..shards.files import ShardFile, skipped_documents, write_shard
@@ -72,6 +73,8 @@ def add_documents(out: str | Path, docs: list[Document], lm: LoadedModel, cfg: P
             wrote |= _add_to_bucket(out, s, members, tokens, lm, cfg, prefix_ids, meta, report)
     if wrote or _index_behind(out):
         write_manifest(out)  # under the manifest lock, taken with no bucket claim held
+    else:
+        drop_if_free(out / ".manifest.lock")  # a killed writer's
     report.manifest = str(out / MANIFEST)
     report.seconds = time.perf_counter() - t0
     return report

@@ -11,12 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..atomic import remove_dead_temporaries
 from ..errors import SiftError
-from ..launch.claims import clean_leftovers
 from ..locks import manifest_lock
 from ..store.index import index_set
-from ..store.writer import store_dir
 from .files import ShardFile, atomic_write, list_parts, shared_metadata, skipped_documents
 from .format import MANIFEST, encode_metadata, manifest_schema
 
@@ -27,11 +24,7 @@ def write_manifest(directory: Path) -> Path:
     `sift profile`, `--finalize`, additions) take turns and the last manifest written is complete."""
     directory = Path(directory)
     with manifest_lock(directory):
-        path = _write_manifest(directory)
-        clean_leftovers(directory)  # lock files and temporaries of buckets no process holds
-        for d in (directory, store_dir(directory)):  # what writers killed before their rename left
-            remove_dead_temporaries(d)
-        return path
+        return _write_manifest(directory)
 
 
 def _write_manifest(directory: Path) -> Path:

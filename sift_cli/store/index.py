@@ -10,7 +10,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from ..atomic import remove_dead_temporaries
 from ..errors import SiftError
+from ..launch.claims import clean_leftovers
 from ..locks import bucket_claims, manifest_lock
 from ..shards.files import ShardFile, list_parts, shared_metadata, skipped_documents
 from .layout import SUFFIX, BucketView, StoreDamage, bucket_file_name, part_fingerprint
@@ -109,6 +111,9 @@ def _index_set(directory: Path, workers: int, rebuild: bool, verify: bool) -> di
         if f.name not in names:
             os.unlink(f)
             removed += 1
+    clean_leftovers(directory)  # lock files and temporaries of buckets no process holds
+    for d in (directory, store_dir(directory)):  # what writers killed before their rename left
+        remove_dead_temporaries(d)
     skipped = skipped_documents(files)
     return {"path": str(directory), "buckets": len(parts), "built": len(todo), "current": len(parts) - len(todo),
             "removed": removed, "skipped_documents": len(skipped), "seconds": time.perf_counter() - t0}

@@ -12,6 +12,8 @@ import multiprocessing
 import os
 import resource
 import signal
+import sys
+import traceback
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -40,7 +42,9 @@ def _child(job: tuple, kill_at: str | None, file_size: int | None) -> None:
 
     try:
         getattr(operations, job[0])(*job[1:])
-    except BaseException:  # noqa: BLE001 - a child reports by its exit code only
+    except BaseException:  # noqa: BLE001 - a child reports by its exit code (and its error on stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
         os._exit(3)
     os._exit(0)
 
@@ -94,7 +98,7 @@ def check_set(directory: Path, expected: dict) -> None:
         got = store.get(ids)
     by_id = {r["doc_id"]: r for rows, _ in expected.values() for r in rows}
     assert [(g.la_bits, g.ca_bits) for g in got] == [(by_id[i]["la_bits"], by_id[i]["ca_bits"]) for i in ids]
-    assert leftovers(directory) == []
+    assert leftovers(directory) == [], leftovers(directory)
 
 
 def damage_named(directory: Path) -> None:
