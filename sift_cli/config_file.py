@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+from .atomic import atomic_write, remove_dead_temporaries
 from .errors import SiftError
 
 FILE_NAME = "sift.toml"
@@ -117,8 +118,7 @@ def write_config(path: str | Path, profile: dict, calibration: dict, comment: st
     lines.append("")
     lines.append("[calibration]")
     lines.extend(f"{k} = {_toml_value(v)}" for k, v in calibration.items() if v is not None)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    text = "\n".join(lines) + "\n"
+    atomic_write(p, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))  # a temporary of its own per process
+    remove_dead_temporaries(p.parent, f".{p.name}.*.tmp")  # a killed calibration's
     return p

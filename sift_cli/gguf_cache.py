@@ -19,12 +19,10 @@ from pathlib import Path
 
 import torch
 
+from .atomic import fsync_directory
 from .cache import cache_dir
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
+from .faults import kill_point
+from .locks import cache_lock, drop_if_free
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -78,23 +76,6 @@ def _cache_complete(target: Path) -> bool:
         (target / "model.safetensors").is_file() or (target / "model.safetensors.index.json").is_file())
 
 
-@contextlib.contextmanager
-def _exclusive_lock(path: Path):
-    """Hold an exclusive flock on `path` for the block (the kernel drops it if the process dies). Where the file
-    system has no flock, no lock: the atomic rename still keeps readers from half-written caches, and at worst
-    two processes convert the same file."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:
-                pass
-        yield
-    finally:
-        os.close(fd)  # releases the lock; the file stays (removing it would race with the next locker)
-
-
 def _convert_gguf(gguf: Path, into: Path) -> None:
     """De-quantise a GGUF checkpoint into a safetensors checkpoint directory (model + tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -112,32 +93,36 @@ def _convert_gguf(gguf: Path, into: Path) -> None:
 def gguf_cached_dir(gguf: Path, sha: str, convert=None) -> Path:
     """The safetensors directory of a GGUF checkpoint under the cache, converting it first if no process has.
 
-    Conversion happens once: under an exclusive lock (`gguf/.SHA.lock`), after checking again that no other
+    Conversion happens once: under an exclusive lock (`gguf/.SHA.lock`, `locks.cache_lock`), after checking again that no other
     process finished it meanwhile, into a temporary directory renamed into place when complete, so processes that
     start together wait for one conversion and nobody reads a half-written one. convert(gguf, into): the
     conversion (tests pass a stand-in)."""
     root = cache_dir() / "gguf"
     target = root / sha[:24]
     if _cache_complete(target):
+        drop_if_free(root / f".{sha[:24]}.lock")  # a converter killed after its rename left it
         return target
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / f".{sha[:24]}.lock"):
+    with cache_lock(root, f".{sha[:24]}"):  # flock, or an O_EXCL lock file where flock is unavailable
         if _cache_complete(target):  # converted by another process while this one waited
             return target
-        for old in root.glob(f".tmp-{sha[:24]}-*"):  # left by a conversion that was killed
+        for old in root.glob(f".tmp-{sha[:24]}-*"):  # a killed conversion's: the lock says none is running
             shutil.rmtree(old, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha[:24]}-", dir=root))
         try:
             (convert or _convert_gguf)(gguf, tmp)
+            kill_point("gguf:converted")
             os.chmod(tmp, root.stat().st_mode & 0o7777)  # as readable as the cache itself (mkdtemp made it 0700)
             if target.exists() and not _cache_complete(target):  # an incomplete or damaged cache
                 shutil.rmtree(target, ignore_errors=True)
             try:
                 os.replace(tmp, target)
-            except OSError:  # a process without the lock (no flock here) won the race
+            except OSError:  # a process that broke a lock it took for stale won the race
                 if not _cache_complete(target):
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
+            fsync_directory(root)
+            kill_point("gguf:renamed")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

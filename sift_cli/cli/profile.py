@@ -116,6 +116,10 @@ def profile(
     if report.reused:
         out.print(f"  reused {report.reused} documents from {report.shards_reused} finished shards")
     _print_skipped(report)
+    for a in report.set_aside:
+        held = "an unknown number of" if a["documents"] is None else a["documents"]
+        out.print(escape(f"  set aside {a['file']} (unreadable, {held} documents) as {a['aside']}; its bucket was "
+                         f"profiled again with {a['recovered']} added documents recovered from the store"))
     if report.manifest:
         out.print(f"  manifest: {report.manifest}")
 

@@ -71,13 +71,18 @@ class BucketClaims:
         finally:
             release()
 
+    def index_lock(self):
+        """The set's manifest lock, waited for: the manifest and the store are rewritten by one process at a time."""
+        return self.named_lock(".manifest")
+
     @contextlib.contextmanager
-    def index_lock(self) -> Iterator[None]:
-        """The set's manifest lock, waited for: writers that add documents rewrite the manifest one at a time."""
+    def named_lock(self, stem: str) -> Iterator[None]:
+        """An exclusive lock on `STEM.lock` (flock) or `STEM.xlock` (the O_EXCL fallback) in the directory, waited
+        for."""
         self.out.mkdir(parents=True, exist_ok=True)
-        release = self._acquire_flock(self.out / ".manifest.lock", True) if self.use_flock else None
+        release = self._acquire_flock(self.out / f"{stem}.lock", True) if self.use_flock else None
         if release is None:
-            release = self._acquire_exclusive(self.out / ".manifest.xlock", True)
+            release = self._acquire_exclusive(self.out / f"{stem}.xlock", True)
         try:
             yield
         finally:
@@ -195,9 +200,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_tmp_files(out: Path, shard: int) -> int:
-    """Delete half-written temporaries of one bucket (`.part-NNNNN.parquet.*.tmp`), left by a killed writer."""
+    """Delete half-written temporaries of one bucket (`.part-NNNNN.parquet.*.tmp` and the store's
+    `store/.part-NNNNN.sbits.*.tmp`), left by a killed writer; its claim is held."""
     n = 0
-    for p in Path(out).glob(f".part-{shard:05d}.parquet.*.tmp"):
+    out = Path(out)
+    for p in [*out.glob(f".part-{shard:05d}.parquet.*.tmp"), *(out / "store").glob(f".part-{shard:05d}.sbits.*.tmp")]:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
             n += 1
@@ -231,18 +238,24 @@ def busy_buckets(out: str | Path) -> list[int]:
 
 
 def clean_leftovers(out: str | Path) -> int:
-    """After every shard is done: remove unheld lock files and orphan temporaries. Returns how many."""
+    """After every shard is done: remove the lock files and orphan temporaries of buckets no process holds.
+    Whether one does is found by taking its claim (never by looking, then deleting: a worker could take the lock
+    in between); holding it, the temporaries go (`remove_tmp_files`) and the lock file goes on release. Returns how
+    many files were removed."""
     out = Path(out)
-    busy = set(busy_buckets(out))
-    n = 0
+    shards = set()
     for p in list(out.glob(".part-*.lock")) + list(out.glob(".part-*.parquet.*.tmp")):  # never .xlock
         try:
-            shard = int(p.name[len(".part-"):].split(".", 1)[0])
+            shards.add(int(p.name[len(".part-"):].split(".", 1)[0]))
         except ValueError:
             continue
-        if shard in busy:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            n += 1
-    return n
+    before = _leftover_count(out)
+    claims = BucketClaims(out)
+    for shard in sorted(shards):
+        with claims.claim(shard, wait=False):
+            pass
+    return before - _leftover_count(out)
+
+
+def _leftover_count(out: Path) -> int:
+    return len(list(out.glob(".part-*.lock"))) + len(list(out.glob(".part-*.parquet.*.tmp")))

@@ -35,7 +35,7 @@ def prefill_from_shards(shards_dir: str | Path, docs: list[str | Document], quer
     if profile_missing is not None:
         check_destination(profile_missing, sets[0], lm)
     prompt = assemble(sets, lm, docs, query)
-    with layer_progress(lm, progress, forward_count(opts, lm.device)) as per_forward:
+    with layer_progress(lm, progress, forward_count(opts, lm.device, len(prompt.input_ids))) as per_forward:
         report = run_prefill(lm, prompt, opts, progress=per_forward)
     report["selection"] = rule_of(sets[0].meta)  # every set of a prompt holds one kind of bits (`lookup`)
     report["store"] = opened
@@ -68,7 +68,7 @@ def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int 
     for q in SAMPLE_QUESTIONS[:n]:
         prompt = assemble(shards, lm, list(q.doc_ids), q.question)
         opts = PrefillOptions(max_new_tokens=q.max_new_tokens, repeat=3, warmup=1)
-        with layer_progress(lm, progress, forward_count(opts, lm.device)) as per_forward:
+        with layer_progress(lm, progress, forward_count(opts, lm.device, len(prompt.input_ids))) as per_forward:
             report = run_prefill(lm, prompt, opts, progress=per_forward)
         reports.append({**report, "question": q.question, "expected": q.answer})
     return reports

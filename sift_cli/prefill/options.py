@@ -50,9 +50,10 @@ def with_device_defaults(opts: PrefillOptions, device, prompt_tokens: int | None
                                warmup=d["warmup"] if opts.warmup is None else opts.warmup)
 
 
-def forward_count(opts: PrefillOptions, device) -> int:
-    """The forwards `report.run_prefill` runs: warm-ups and timed runs, of full recompute and of SIFT."""
-    o = with_device_defaults(opts, device)
+def forward_count(opts: PrefillOptions, device, prompt_tokens: int | None = None) -> int:
+    """The forwards `report.run_prefill` runs on a prompt of that length: warm-ups and timed runs, of full
+    recompute and of SIFT."""
+    o = with_device_defaults(opts, device, prompt_tokens)
     return (max(0, o.warmup) + max(1, o.repeat)) * 2
 
 

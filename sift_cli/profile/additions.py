@@ -3,7 +3,7 @@
 The same path as `sift profile`, bucket by bucket: each document goes to the bucket its id hashes to; holding
 that bucket's claim, the writer reads the bucket's file, profiles the documents it lacks with the job's own
 batching (`profile_rows`, so the bits are the ones `sift profile` writes), and replaces the file atomically with
-the old rows plus the new ones. The manifest is then rewritten under the set's index lock, so concurrent writers
+the old rows plus the new ones. The manifest is then rewritten under the set's manifest lock, so concurrent writers
 (other prompts, other processes, a running `sift profile`) leave every file whole and the last manifest complete;
 nothing written, the manifest is left as it is.
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from ..config import ProfileConfig
 from ..corpus import Document
 from ..errors import SiftError
+from ..locks import drop_if_free
 from ..launch.claims import BucketClaims
 from ..models import LoadedModel
 from ..shards.files import ShardFile, skipped_documents, write_shard
@@ -70,9 +71,10 @@ def add_documents(out: str | Path, docs: list[Document], lm: LoadedModel, cfg: P
     for s, members in sorted(buckets.items()):
         with claims.claim(s, wait=True):
             wrote |= _add_to_bucket(out, s, members, tokens, lm, cfg, prefix_ids, meta, report)
-    if wrote or not (out / MANIFEST).is_file():
-        with claims.index_lock():
-            write_manifest(out)
+    if wrote or _index_behind(out):
+        write_manifest(out)  # under the manifest lock, taken with no bucket claim held
+    else:
+        drop_if_free(out / ".manifest.lock")  # a killed writer's
     report.manifest = str(out / MANIFEST)
     report.seconds = time.perf_counter() - t0
     return report
@@ -109,3 +111,13 @@ def _add_to_bucket(out: Path, s: int, members: list[Document], tokens: dict, lm:
     report.tokens += sum(len(t) for _, t in keep)
     return True
 
+
+
+def _index_behind(out: Path) -> bool:
+    """Whether the manifest is missing or older than a part file (a writer died between the two): then it and the
+    store are brought up to date even when nothing is added now."""
+    try:
+        written = (out / MANIFEST).stat().st_mtime_ns
+    except FileNotFoundError:
+        return True
+    return any(p.stat().st_mtime_ns > written for p in out.glob("part-*.parquet"))

@@ -26,6 +26,7 @@ from ..shards.format import FORMAT_VERSION, matching_keys, part_name, shard_of, 
 from ..tokens import prefix_token_ids, tokenize_documents, tokenizer_info
 from .batches import plan_batches
 from .forward import launch_profile_batch
+from .unreadable import recover_bucket
 
 STRICT_REMEDY = "fix or remove {them}, or run without --strict to skip {them}"
 
@@ -49,6 +50,7 @@ class ProfileReport:
     prepare: dict = field(default_factory=dict)  # seconds before the first batch: read_corpus, tokenize
     startup: dict | None = None  # the worker's start-up before this job (launch.startup), set by launch.worker
     written: list[int] = field(default_factory=list)  # the buckets this run wrote
+    set_aside: list[dict] = field(default_factory=list)  # unreadable part files renamed: {file, aside, documents, ...}
 
     @property
     def tokens_per_second(self) -> float:
@@ -62,7 +64,7 @@ class ProfileReport:
                 "shards_written": self.shards_written, "shards_reused": self.shards_reused,
                 "seconds": round(self.seconds, 3), "tokens_per_second": round(self.tokens_per_second, 1),
                 "manifest": self.manifest, "prepare": {k: round(v, 3) for k, v in self.prepare.items()},
-                "startup": self.startup}
+                "startup": self.startup, "set_aside": self.set_aside}
 
 
 def shard_metadata(lm: LoadedModel, cfg: ProfileConfig, prefix_ids: list[int], num_shards: int) -> dict:
@@ -86,9 +88,15 @@ def shard_metadata(lm: LoadedModel, cfg: ProfileConfig, prefix_ids: list[int], n
 def check_compatible(out: Path, meta: dict) -> int | None:
     """num_shards of the shards already in `out` (None if empty); raise if they were made differently."""
     parts = list_parts(out) if out.is_dir() else []
-    if not parts:
+    existing = None
+    for part in parts:  # the first readable one: an unreadable file is set aside when its bucket is redone
+        try:
+            existing = ShardFile.open(part)
+            break
+        except SiftError:
+            continue
+    if existing is None:
         return None
-    existing = ShardFile.open(parts[0])
     rules = existing.meta.get("sift.rule") or "paper", meta.get("sift.rule") or "paper"
     if rules[0] != rules[1]:
         raise SiftError(f"{out}: holds shards made with a different rule ({rules[0]}, not {rules[1]}); profile "
@@ -228,8 +236,10 @@ def _profile_buckets(plans: list[tuple], out: Path, lm: LoadedModel, cfg: Profil
                         report.reused += done
                         done_tokens += sum(len(t) for _, t in keep)
                         continue
+                    added, keep = _added_rows(out / part_name(s), {d.doc_id for d, _ in keep} | set(skipped),
+                                              keep, report)
                     rows, done_tokens = profile_rows(keep, lm, cfg, prefix_ids, progress, done_tokens, total_tokens)
-                    rows += _added_rows(out / part_name(s), {d.doc_id for d, _ in keep} | set(skipped))
+                    rows += added
                     shard_meta = {**meta, "sift.shard_index": s, "sift.skipped": sorted(skipped),
                                   "sift.skip_reasons": {d: report.skip_reasons[d] for d in sorted(skipped)}}
                     # written on the writer thread; the claim is released there once the file is in place
@@ -326,16 +336,20 @@ class _ShardWriter:
             self._pool.shutdown(wait=True)
 
 
-def _added_rows(path: Path, corpus_ids: set[str]) -> list[dict]:
-    """Rows of a bucket's old file that are not the corpus's: documents added one prompt at a time
-    (profile/additions.py), kept when the bucket is profiled again."""
+def _added_rows(path: Path, corpus_ids: set[str], keep: list, report: ProfileReport) -> tuple[list[dict], list]:
+    """(rows of a bucket's old file that are not the corpus's: documents added one prompt at a time, kept when the
+    bucket is profiled again; the documents to profile). An unreadable old file is set aside and its added
+    documents, recovered from the store, join those to profile (`profile/unreadable.py`)."""
     if not path.is_file():
-        return []
+        return [], keep
     try:
         rows = ShardFile.open(path).read().to_pylist()
     except SiftError:
-        return []  # unreadable: the corpus's rows are redone, the additions are lost with the file
-    return [r for r in rows if r["doc_id"] not in corpus_ids]
+        found = recover_bucket(path, corpus_ids)
+        report.set_aside.append({k: found[k] for k in ("file", "aside", "documents")}
+                                | {"recovered": len(found["recovered"])})
+        return [], keep + found["recovered"]
+    return [r for r in rows if r["doc_id"] not in corpus_ids], keep
 
 
 def _finished(path: Path, expected_ids: set[str]) -> int | None:

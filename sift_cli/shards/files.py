@@ -40,7 +40,7 @@ class ShardFile:
             pf = pq.ParquetFile(path)
         except Exception as exc:
             raise SiftError(f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]}); "
-                            f"delete it and re-run `sift profile` to redo this shard") from exc
+                            f"re-run `sift profile` to redo this shard (it sets the file aside)") from exc
         return ShardFile(path, decode_metadata(pf.schema_arrow.metadata), pf.metadata.num_rows)
 
     def read(self, columns: list[str] | None = None) -> pa.Table:
@@ -48,7 +48,7 @@ class ShardFile:
             return pq.read_table(self.path, columns=columns)
         except Exception as exc:
             raise SiftError(f"{self.path}: cannot read ({str(exc).splitlines()[0]}); the file is corrupt or "
-                            f"truncated: delete it and re-run `sift profile`") from exc
+                            f"truncated: re-run `sift profile` to redo it (it sets the file aside)") from exc
 
 
 def list_parts(directory: Path) -> list[Path]:

@@ -12,13 +12,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import SiftError
+from ..locks import manifest_lock
 from ..store.index import index_set
 from .files import ShardFile, atomic_write, list_parts, shared_metadata, skipped_documents
 from .format import MANIFEST, encode_metadata, manifest_schema
 
 
 def write_manifest(directory: Path) -> Path:
-    """Index doc_id → (file, row) over every part file, sorted by doc_id; written atomically."""
+    """Index doc_id → (file, row) over every part file, sorted by doc_id, and the serving store's stale files;
+    written atomically under the set's manifest lock (`locks.manifest_lock`), so concurrent writers (the end of
+    `sift profile`, `--finalize`, additions) take turns and the last manifest written is complete."""
+    directory = Path(directory)
+    with manifest_lock(directory):
+        return _write_manifest(directory)
+
+
+def _write_manifest(directory: Path) -> Path:
     files = [ShardFile.open(p) for p in list_parts(directory)]
     if not files:
         raise SiftError(f"{directory}: no shard files to index")
@@ -38,5 +47,5 @@ def write_manifest(directory: Path) -> Path:
     table = table.replace_schema_metadata(encode_metadata(meta))
     path = directory / MANIFEST
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-    index_set(directory)  # the serving store: its bucket files that are missing or stale, built from the parts
+    index_set(directory, hold_lock=False)  # the store's missing or stale bucket files; the lock is held
     return path

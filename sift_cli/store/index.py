@@ -10,7 +10,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from ..atomic import remove_dead_temporaries
 from ..errors import SiftError
+from ..launch.claims import clean_leftovers
+from ..locks import bucket_claims, manifest_lock
 from ..shards.files import ShardFile, list_parts, shared_metadata, skipped_documents
 from .layout import SUFFIX, BucketView, StoreDamage, bucket_file_name, part_fingerprint
 from .writer import store_dir, write_bucket, write_set_header
@@ -58,6 +61,15 @@ def bucket_state(part: Path, digest: str | None = None, verify: bool = False) ->
 
 
 def _index_one(part: str) -> str:
+    """Rebuild one bucket file holding its bucket's claim (a writer of that bucket writes its part and bucket
+    files under it), so the bucket file is built from the part file in place."""
+    with bucket_claims(Path(part).parent).claim(int(Path(part).name[5:10]), wait=True):
+        return _build_bucket(part)
+
+
+def _build_bucket(part: str) -> str:
+    if not Path(part).is_file():
+        return part  # set aside meanwhile (unreadable)
     shard = ShardFile.open(Path(part))
     ids, tokens, la, ca = part_rows_from_table(shard.read(["doc_id", "tokens", "la_bits", "ca_bits"]))
     rows = [{"doc_id": d, "tokens": t, "la_bits": a, "ca_bits": c} for d, t, a, c in zip(ids, tokens, la, ca)]
@@ -65,7 +77,16 @@ def _index_one(part: str) -> str:
     return part
 
 
-def index_set(directory: str | Path, workers: int = 1, rebuild: bool = False, verify: bool = False) -> dict:
+def index_set(directory: str | Path, workers: int = 1, rebuild: bool = False, verify: bool = False,
+              hold_lock: bool = True) -> dict:
+    """Under the set's manifest lock (hold_lock=False: the caller holds it), see `_index_set`."""
+    if not hold_lock:
+        return _index_set(Path(directory), workers, rebuild, verify)
+    with manifest_lock(directory):
+        return _index_set(Path(directory), workers, rebuild, verify)
+
+
+def _index_set(directory: Path, workers: int, rebuild: bool, verify: bool) -> dict:
     """Build every bucket file of a shard set that is missing or stale (all of them with `rebuild`; with `verify`,
     also those with a damaged record, every record's checksum read) and `store/set.json`; remove bucket files no
     part file has. Returns {built, current, removed, seconds}."""
@@ -90,6 +111,9 @@ def index_set(directory: str | Path, workers: int = 1, rebuild: bool = False, ve
         if f.name not in names:
             os.unlink(f)
             removed += 1
+    clean_leftovers(directory)  # lock files and temporaries of buckets no process holds
+    for d in (directory, store_dir(directory)):  # what writers killed before their rename left
+        remove_dead_temporaries(d)
     skipped = skipped_documents(files)
     return {"path": str(directory), "buckets": len(parts), "built": len(todo), "current": len(parts) - len(todo),
             "removed": removed, "skipped_documents": len(skipped), "seconds": time.perf_counter() - t0}

@@ -44,7 +44,7 @@ def test_prefill_progress_moves_within_a_forward_on_a_cpu(tiny_lm, monkeypatch, 
     hooks_before = [len(layer._forward_hooks) for layer in decoder_layers(tiny_lm.model)]
     calls = []
     job.prefill_from_shards(tmp_path / "s", ["d0", "d1"], "What jumps?", device="cpu",
-                            opts=PrefillOptions(backend="reference", max_new_tokens=3),
+                            opts=PrefillOptions(backend="reference", max_new_tokens=3, repeat=1, warmup=0),
                             progress=lambda done, total: calls.append((done, total)))
     n = tiny_lm.n_layers
     per_forward = [(k / n, 2) for k in range(1, n)]
