@@ -21,6 +21,12 @@ ATTN_CONFIGS = [(d, bn, pair, bm, pp) for d in (64, 128) for bn, pair in ((64, F
                 for bm in (128, 64) for pp in ((1, 0) if bm == 128 else (0,))]
 
 
+# the attention-feature variants a windowed or soft-capped layer launches (docs/kernels.md), at the two register
+# budgets (128 rows: pingpong, 168 registers at entry; 64 rows: 128)
+FEATURE_DEFINES = [[("WINDOW", 128)], [("SOFTCAP", 1), ("SOFTCAP_VALUE", "30.0")],
+                   [("SOFTCAP", 1), ("SOFTCAP_VALUE", "2.5"), ("WINDOW", 4096)]]
+FEATURE_CONFIGS = [(128, 64, True, 128, 1), (64, 64, True, 64, 0)]
+
 DIAGNOSTIC_DEFINES = [[("TRACE", 1)], [("TRACE", 2), ("TRACE_WAITS", 0x0F)], [("TRACE", 2), ("TRACE_WAITS", 0x10)],
                       [("ABLATE_SAME_KV", 1)]]
 
@@ -35,6 +41,8 @@ def _build_list():
     builds = [("sparse_attn_fwd.cu", tuple(_attention_defines(*c))) for c in ATTN_CONFIGS]
     builds += [("sparse_attn_fwd.cu", (("HEAD_DIM", 128), ("BLOCK_N", 128), ("STAGES", 2), ("PAIR", 1),
                                         ("BLOCK_M", 128), *d)) for d in DIAGNOSTIC_DEFINES]
+    builds += [("sparse_attn_fwd.cu", tuple(_attention_defines(*c) + d)) for c in FEATURE_CONFIGS
+               for d in FEATURE_DEFINES]
     return builds + [("decode.cu", ()), ("coalesce.cu", ())]
 
 
@@ -84,6 +92,24 @@ def test_diagnostic_builds_compile(builds, defines):
     report = _report(builds, "sparse_attn_fwd.cu", [("HEAD_DIM", 128), ("BLOCK_N", 128), ("STAGES", 2), ("PAIR", 1),
                                                     ("BLOCK_M", 128), *defines])
     assert "C7520" not in report and "C7513" not in report, "serialised wgmma:\n" + report
+
+
+@pytest.mark.parametrize("config", FEATURE_CONFIGS)
+@pytest.mark.parametrize("defines", FEATURE_DEFINES)
+def test_feature_variants_compile(builds, config, defines):
+    """The window and soft-cap variants compile with the wgmma pipeline intact (at 128 rows the window's masks may
+    spill a few bytes: docs/kernels.md)."""
+    report = _report(builds, "sparse_attn_fwd.cu", _attention_defines(*config) + defines)
+    assert "C7520" not in report and "C7513" not in report, "serialised wgmma:\n" + report
+    assert "C7508" not in report, "ptxas ignored setmaxnreg:\n" + report
+
+
+def test_feature_variant_needs_its_value(tmp_path):
+    nvcc = nvcc_path()
+    if not nvcc:
+        pytest.skip("nvcc not found")
+    code, stderr, _ = _compile(nvcc, tmp_path, "sparse_attn_fwd.cu", [("SOFTCAP", 1)])
+    assert code != 0 and "SOFTCAP needs SOFTCAP_VALUE" in stderr
 
 
 def test_decode_kernel_compiles(builds):
