@@ -38,9 +38,15 @@ def map_heads(fn, n_heads: int) -> None:
             fn(h)
         return
     pool = _workers(min(threads, n_heads))
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def in_callers_mode(h):  # inference and grad modes are per thread: the workers take the caller's
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            fn(h)
+
     torch.set_num_threads(1)  # process-wide: restored below
     try:
-        for f in [pool.submit(fn, h) for h in range(n_heads)]:
+        for f in [pool.submit(in_callers_mode, h) for h in range(n_heads)]:
             f.result()
     finally:
         torch.set_num_threads(threads)
