@@ -2,7 +2,7 @@
 
 The gather backend issues hundreds of small attention calls per layer. Each is a parallel region of PyTorch's
 intra-op threads, and every region ends in a barrier: on a busy machine one descheduled thread stalls the others,
-so at 2 threads the demo's 3.7K-token layers took about 5× as long as at 1 thread (measured on 2 shared cores,
+so at 2 threads the layers of a 3.7K-token prompt took several times as long as at 1 thread (2 shared cores,
 docs/benchmarks.md). Heads are independent (their outputs are disjoint), so they go to the workers whole, one
 PyTorch thread each, and the calls release the GIL: the cores stay busy without a barrier per call.
 """
