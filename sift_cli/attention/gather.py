@@ -292,7 +292,7 @@ def headwise_attention(q, k, v, blocks: BlockLists, scale: float, return_lse: bo
     the same function, each head's calls single-threaded."""
     H, L = q.shape[:2]
     group = H // k.shape[0]
-    if H == 1 or torch.get_num_threads() <= 1:
+    if H == 1 or q.device.type != "cpu" or torch.get_num_threads() <= 1:
         return gathered_attention(q, k, v, blocks, scale, return_lse, compute_dtype)
     blocks = blocks.to(q.device)
     out = torch.empty(H, L, v.shape[-1], dtype=q.dtype, device=q.device)
