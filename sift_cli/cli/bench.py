@@ -153,8 +153,8 @@ def bench_store(
 
 @bench_app.command("gather")
 def bench_gather(
-    shards: Path = typer.Option(..., "--shards", help="a shard set of long documents (its ids are taken in order "
-                                                      "until a prompt reaches each length)"),
+    shards: Path = typer.Option(..., "--shards", help="a shard set of long documents (a prompt takes its first "
+                                                      "ids whose tokens come closest to each length)"),
     lengths: str = typer.Option("2048,4096,6144,8192", "--lengths", help="prompt tokens, comma-separated"),
     repeat: int = typer.Option(3, "--repeat", help="timed runs of each mode, interleaved"),
     warmup: int = typer.Option(1, "--warmup", help="untimed runs of each mode first"),

@@ -1,5 +1,5 @@
 """`sift bench gather`: the CPU's sparse path (the gather backend) against full recompute at RAG lengths, on real
-profiles. For each target length the prompt takes the set's documents in id order until it reaches the length;
+profiles. For each target length the prompt takes the set's first documents whose tokens come closest to it;
 both modes run interleaved (full recompute, then SIFT), warm-ups first, and the row holds the medians, the cells
 SIFT computed and whether its first token matched. A speed-up is printed only under the timing rule
 (`timing.timing_protocol`)."""
@@ -24,10 +24,11 @@ QUESTION = "What do these documents have in common?"
 
 
 def pick_documents(sizes: dict[str, int], target: int) -> list[str]:
-    """The first ids (in order) whose tokens reach `target`, or every id when they do not."""
+    """The first ids (in order) whose tokens come closest to `target`: at least one, each next one taken while it
+    brings the total nearer."""
     picked, total = [], 0
     for doc_id, n in sizes.items():
-        if total >= target:
+        if picked and abs(total + n - target) >= abs(total - target):
             break
         picked.append(doc_id)
         total += n
