@@ -1,4 +1,5 @@
-"""`sift bench kernels | profile | prefill | store | gather`: speed measured side by side in one run (the lab's `bench`)."""
+"""`sift bench kernels | profile | prefill | store | gather`: speed measured side by side in one run (the lab's
+`bench`)."""
 
 from __future__ import annotations
 
