@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import BlockLists
+from .head_pool import map_heads
 
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 # Rows per call of a long causal run. The CPU flash op computes query tiles of 256 rows (64 below 768 query rows)
@@ -277,9 +278,43 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks
     return (out, lse) if return_lse else out
 
 
+def _head_lists(blocks: BlockLists, h: int) -> BlockLists:
+    """Head h's lists alone (offsets rebased to 0)."""
+    off = blocks.offsets[h: h + 1]
+    base, end = int(off[0, 0]), int(off[0, -1])
+    return BlockLists(off - base, blocks.indices[base:end], blocks.table,
+                      None if blocks.mask is None else blocks.mask[h: h + 1])
+
+
+def headwise_attention(q, k, v, blocks: BlockLists, scale: float, return_lse: bool = False,
+                       compute_dtype: torch.dtype = torch.float32):
+    """`gathered_attention` one head at a time, the heads spread over a thread pool (`head_pool.map_heads`):
+    the same function, each head's calls single-threaded."""
+    H, L = q.shape[:2]
+    group = H // k.shape[0]
+    if H == 1 or q.device.type != "cpu" or torch.get_num_threads() <= 1:
+        return gathered_attention(q, k, v, blocks, scale, return_lse, compute_dtype)
+    blocks = blocks.to(q.device)
+    out = torch.empty(H, L, v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(H, L, dtype=torch.float32, device=q.device) if return_lse else None
+
+    def one(h):
+        g = h // group
+        r = gathered_attention(q[h: h + 1], k[g: g + 1], v[g: g + 1], _head_lists(blocks, h), scale, return_lse,
+                               compute_dtype)
+        if return_lse:
+            out[h: h + 1], lse[h: h + 1] = r
+        else:
+            out[h: h + 1] = r
+
+    map_heads(one, H)
+    return (out, lse) if return_lse else out
+
+
 class GatherBackend:
     """Attention over the gathered keys of the listed blocks, per segment where the lists allow it, else per query
-    block (`gathered_attention`): cost follows the listed blocks."""
+    block (`gathered_attention`): cost follows the listed blocks. The heads run on a pool of threads
+    (`headwise_attention`)."""
 
     name = "gather"
     QUERY_ROWS = 512
@@ -295,4 +330,4 @@ class GatherBackend:
         return self.QUERY_ROWS
 
     def forward(self, q, k, v, blocks, scale, return_lse=False):
-        return gathered_attention(q, k, v, blocks, scale, return_lse, self.compute_dtype)
+        return headwise_attention(q, k, v, blocks, scale, return_lse, self.compute_dtype)

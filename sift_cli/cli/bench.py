@@ -1,4 +1,5 @@
-"""`sift bench kernels | profile | prefill | store`: speed measured side by side in one run (the lab's `bench`)."""
+"""`sift bench kernels | profile | prefill | store | gather`: speed measured side by side in one run (the lab's
+`bench`)."""
 
 from __future__ import annotations
 
@@ -175,6 +176,50 @@ def bench_store(
             out.print(table)
 
     finish(result, save, None, None, as_json, show, kind="bench-store")
+
+
+@bench_app.command("gather")
+def bench_gather(
+    shards: Path = typer.Option(..., "--shards", help="a shard set of long documents (a prompt takes its first "
+                                                      "ids whose tokens come closest to each length)"),
+    lengths: str = typer.Option("2048,4096,6144,8192", "--lengths", help="prompt tokens, comma-separated"),
+    repeat: int = typer.Option(3, "--repeat", help="timed runs of each mode, interleaved"),
+    warmup: int = typer.Option(1, "--warmup", help="untimed runs of each mode first"),
+    model: Optional[str] = typer.Option(None, "--model", help="the set's model (default: the bundled one)"),
+    save: Optional[Path] = typer.Option(None, "--save"),
+    as_json: bool = JsonOpt,
+):
+    """The CPU's sparse path (gather backend) against full recompute at RAG lengths, on real profiles: median of
+    interleaved warm runs, with the cells SIFT computed."""
+    from ..lab.bench.gather import run_gather_bench
+
+    try:
+        targets = tuple(int(x) for x in lengths.split(",") if x.strip())
+    except ValueError:
+        raise SiftError(f"--lengths {lengths!r}: expected token counts like 2048,4096") from None
+    if not targets or min(targets) < 1 or repeat < 1 or warmup < 0:
+        raise SiftError("--lengths needs positive token counts, --repeat at least 1 and --warmup at least 0")
+    log = (lambda *a: None) if as_json else (lambda msg: err.print(escape(str(msg))))
+    result = run_gather_bench(shards, targets, repeat, warmup, model, log=log)
+
+    def show(res):
+        t = Table(show_edge=False)
+        for c in ("tokens", "docs", "cells", "full recompute ms", "SIFT ms", "×full", "first token"):
+            t.add_column(c, justify="right")
+        for r in res["rows"]:
+            if "error" in r:
+                t.add_row(f"{r['target_tokens']:,}", str(r["docs"]), f"[red]{escape(r['error'][:80])}[/]")
+                continue
+            t.add_row(f"{r['tokens']:,}", str(r["docs"]), f"{r['cells']:.1%}", f"{r['full_ms']:,.0f}",
+                      f"{r['sift_ms']:,.0f}", fmt(r["speedup"], 2), "same" if r["first_token_match"] else "DIFFERENT")
+        out.print(t)
+        timing = res["timing"]
+        out.print(f"[dim]{res['model']}, CPU, {res['threads']} threads; median of {timing['repeat']} interleaved runs "
+                  f"after {timing['warmup']} warm-up(s)[/]")
+        if timing["speedup_withheld"]:
+            out.print(f"[dim]{escape(timing['speedup_withheld'])}[/]")
+
+    finish(result, save, None, None, as_json, show)
 
 
 def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:

@@ -100,3 +100,38 @@ def test_gather_segment_calls_equal_reference(prefix, docs, suffix, chunk, monke
 def test_auto_is_gather_on_cpu():
     assert get_backend("auto", torch.device("cpu")).name == "gather"
     assert get_backend("reference", torch.device("cpu")).name == "reference"
+
+
+def _poisoned_empty(monkeypatch):
+    """torch.empty that returns NaNs (or -1 for integers): any output cell left unwritten shows."""
+    real = torch.empty
+
+    def empty(*args, **kw):
+        t = real(*args, **kw)
+        return t.fill_(float("nan") if t.is_floating_point() else -1)
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.mark.parametrize("L", [1, 63, 65, 127, 129, 1000])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_headwise_gather_equals_reference_at_awkward_sizes(L, threads, monkeypatch):
+    """The backend's forward (heads spread over a thread pool) at awkward lengths, into poisoned outputs."""
+    from sift_cli.attention.gather import GatherBackend
+
+    lists = random_lists(L, 128, 64, 9, L + 7)
+    q, k, v = torch.randn(9, L, 16), torch.randn(3, L, 16), torch.randn(3, L, 16)
+    ref, ref_lse = block_sparse_attention(q, k, v, lists, 0.3, return_lse=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _poisoned_empty(monkeypatch)
+        out, lse = GatherBackend().forward(q, k, v, lists, 0.3, return_lse=True)
+        with torch.inference_mode():  # as in a prefill: the workers run in the caller's mode
+            plain = GatherBackend().forward(q, k, v, lists, 0.3)
+    finally:
+        monkeypatch.undo()
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before  # the pool restores PyTorch's thread count
+    assert torch.allclose(out, ref, atol=2e-6) and torch.allclose(lse, ref_lse, atol=2e-5)
+    assert torch.allclose(plain, ref, atol=2e-6)
