@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from ..shards.recovery import advice
 from .console import Interrupted, err, out, print_json, progress
 from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
 
@@ -118,8 +119,8 @@ def profile(
     _print_skipped(report)
     for a in report.set_aside:
         held = "an unknown number of" if a["documents"] is None else a["documents"]
-        out.print(escape(f"  set aside {a['file']} (unreadable, {held} documents) as {a['aside']}; its bucket was "
-                         f"profiled again with {a['recovered']} added documents recovered from the store"))
+        out.print(escape(f"  set aside {a['file']} (unreadable, {held} documents; {a['recovered']} added ones "
+                         f"recovered from the store): " + advice("set-aside", report.out, a["aside"])))
     if report.manifest:
         out.print(f"  manifest: {report.manifest}")
 

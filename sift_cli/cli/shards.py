@@ -97,6 +97,7 @@ def status(
 ):
     """Which shards of a directory are done, in progress (held by a live worker) and missing; --finalize writes
     the manifest (and removes leftover lock and temporary files); --docs: which of a prompt's ids it lacks."""
+    from ..shards.recovery import advice
     from ..shards.status import shard_status
 
     result = shard_status(path, finalize)
@@ -111,8 +112,10 @@ def status(
                   + (f" ({len(running)} in progress: {running[:10]})" if running else "")
                   + (f"; manifest {result['manifest']}" if result["manifest"] else "; no manifest yet"))
         for b in bad:
-            err.print(f"  [yellow]{escape(b['file'])}[/]: {escape(b['problem'])} — not done; re-run `sift profile` "
-                      f"with the same arguments to redo it")
+            err.print(f"  [yellow]{escape(b['file'])}[/]: {escape(b['problem'])} — not done; "
+                      + escape(advice("unreadable-part", path, b["file"])))
+        if missing and not bad:
+            err.print(escape(f"  {advice('interrupted-run', path)}"))
         _print_worker_runs(result.get("workers") or [])
         if prompt is not None:
             out.print(escape(_prompt_line(prompt, path)

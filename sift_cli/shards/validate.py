@@ -25,6 +25,7 @@ from .files import ShardFile, list_parts
 from .format import FORMAT_VERSION, MANIFEST, arrow_schema, decode_metadata, matching_keys, part_name, required_keys
 from .names import doc_key
 from .row_checks import RowChecks, problem
+from .recovery import advice
 
 
 @dataclass
@@ -154,13 +155,13 @@ def _folder_problems(directory: Path, results: list[FileResult], meta: dict, hea
     out = []
     if missing:
         out.append(problem("shards-missing", f"{len(missing)} of {num_shards} shards missing (first: {missing[0]}); "
-                                             f"re-run `sift profile` to finish"))
+                                             + advice("interrupted-run", directory)))
     expected = {part_name(i) for i in range(num_shards)} | {MANIFEST}
     for p in sorted(directory.glob("*.parquet")):
         if p.name not in expected:
             out.append(problem("foreign-file", f"{p.name}: not a file of this shard set (part-00000.."
-                                               f"{part_name(num_shards - 1)} and {MANIFEST}); move it out of the "
-                                               f"directory", p.name))
+                                               f"{part_name(num_shards - 1)} and {MANIFEST}); "
+                                               + advice("foreign-file", directory, p.name), p.name))
     if header is not None:
         shared = shared_set_metadata(meta)
         if header.get("meta") != shared:
@@ -177,7 +178,7 @@ def _folder_problems(directory: Path, results: list[FileResult], meta: dict, hea
 def _manifest_problems(directory: Path, results: list[FileResult], meta: dict) -> list[dict]:
     manifest = directory / MANIFEST
     if not manifest.is_file():
-        return [problem("manifest-missing", f"{MANIFEST} missing; run `sift status {directory} --finalize`")]
+        return [problem("manifest-missing", f"{MANIFEST} missing; " + advice("manifest-missing", directory))]
     try:
         table = pq.read_table(manifest)
     except Exception as exc:

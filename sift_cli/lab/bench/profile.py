@@ -168,8 +168,19 @@ def run_profile_bench(smol=None, data_dir=None, device: str = "cuda", quick: boo
         raise SiftError("sift bench profile measures GPU profiling: no CUDA GPU is visible here — run it on a GPU "
                         "machine, or pass --device cpu for a (slow) CPU measurement")
     data = find_data(data_dir) if {"nq", "essays"} & set(cases) else None
-    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="sift-bench-profile-"))
-    work.mkdir(parents=True, exist_ok=True)
+    if work_dir:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    # a folder of this run's own (inside --work-dir when given): the only thing it deletes, when it ends
+    work = Path(tempfile.mkdtemp(prefix="sift-bench-profile-", dir=work_dir))
+    try:
+        return _run_cases(smol, data, device, quick, stats_paths, nq_docs, essay_docs, llama_docs, cases, work, log,
+                          llama, llama_config)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_cases(smol, data, device, quick, stats_paths, nq_docs, essay_docs, llama_docs, cases, work, log, llama,
+               llama_config) -> list[dict]:
     rows: list[dict] = []
     nq_docs = nq_docs or (200 if quick else 1000)
     essay_docs = essay_docs or (8 if quick else 50)
