@@ -5,7 +5,8 @@ Sets are written through the project's own writer (`store_sets.build_synthetic_s
 bits at about the paper's densities, documents of 100–1,500 tokens by default, 1,000 per part file) into
 `work_dir`, and reused when a finished one is there. Every measurement runs in a process of its own
 (`store_probe` for lookups, the `sift` CLI for the scans), so imports, memory and page faults are its own; a scan's
-peak memory is its process's maximum resident set (`wait4`).
+peak memory is the largest resident set of its process and that process's workers (VmHWM, read from /proc while
+they run; `wait4`'s ru_maxrss would start from this process's own).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,14 +51,47 @@ def run_process(args: list[str], stdout_to_devnull: bool = False) -> tuple[int, 
     t0 = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL if stdout_to_devnull else subprocess.PIPE,
                             stderr=subprocess.PIPE, env=_env(), text=True)
+    hwm = [0]
+    watcher = threading.Thread(target=_watch_hwm, args=(proc, hwm), daemon=True)
+    watcher.start()
     out = "" if stdout_to_devnull else proc.stdout.read()
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
+    watcher.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         out = out or err
-    return proc.returncode, seconds, usage.ru_maxrss / 1024, out
+    # ru_maxrss starts from this process's own peak (Linux carries it across fork and exec), so it only bounds the
+    # child's from above; the VmHWM read while it runs is the child's own
+    return proc.returncode, seconds, (hwm[0] or usage.ru_maxrss) / 1024, out
+
+
+def _watch_hwm(proc: subprocess.Popen, hwm: list) -> None:
+    """The largest peak resident set (VmHWM, KiB) of the child and its own children (a scan's worker processes),
+    as read from /proc every 2 ms until the child is gone: what ru_maxrss would say without this process's part."""
+    def peak(pid: int) -> int:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), 0)
+
+    def children(pid: int) -> list[int]:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+                return [int(c) for c in f.read().split()]
+        except OSError:
+            return []
+
+    while True:
+        try:
+            hwm[0] = max(hwm[0], peak(proc.pid))
+        except (OSError, ValueError):
+            return  # reaped: the last values read stand
+        for child in children(proc.pid):
+            try:
+                hwm[0] = max(hwm[0], peak(child))
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.002)
 
 
 def probe(directory: Path, n_docs: int, path: str, ids: int, warm: int, cold: int) -> dict:

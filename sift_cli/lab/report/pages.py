@@ -35,7 +35,8 @@ def block(pub: Published, results: Path) -> str:
     found = [(name, read_result(results / name)) for name in pub.results if (results / name).is_file()]
     if not found:
         return f"*Not yet re-measured.* Produced by `{pub.command}`.\n"
-    merged = {**found[0][1], "rows": [r for _, res in found for r in res["rows"]]}
+    merged = {**found[0][1], "rows": [r for _, res in found for r in res["rows"]],
+              "sets": [s for _, res in found for s in res.get("sets", [])]}
     return "\n\n".join(_provenance(n, res) for n, res in found) + "\n\n" + pub.render(merged) + "\n"
 
 

@@ -41,4 +41,12 @@ TABLES = {t.name: t for t in (
     Published("profile", ("profile.json",), tables.profile, "sift bench profile --save docs/results/profile.json"),
     Published("store", ("store.json",), tables.store,
               "sift bench store --sizes 10000,100000,1000000 --save docs/results/store.json"),
+    Published("store-scans", ("store.json",), tables.store_scans,
+              "sift bench store --sizes 10000,100000,1000000 --save docs/results/store.json"),
+    Published("store-lookup", ("prefill-8b-corpus-eager.json", "prefill-8b-corpus-graphed.json"), tables.store_lookup,
+              "sift bench prefill --models llama3-8b --lengths 16k,32k --corpus-docs 100000 --repeat 5 "
+              "[--cuda-graphs] --save docs/results/prefill-8b-corpus-{eager,graphed}.json"),
+    Published("frontier", ("frontier-essays.json", "frontier-nq20.json", "frontier-nq10.json", "frontier-pairs.json"),
+              tables.frontier, "sift eval frontier --sets essays --n-prompts 20 --device cuda --dtype bfloat16 "
+                               "--backend cuda --save docs/results/frontier-essays.json (one file per set)"),
 )}

@@ -133,3 +133,54 @@ def rows_table(columns: list[tuple[str, str, int]]):
                      [[num(r.get(key), nd) for _, key, nd in columns] for r in result["rows"]])
 
     return render
+
+
+def store_lookup(result: dict) -> str:
+    """`sift bench prefill --corpus-docs N`: SIFT's TTFT with the prompt's bits looked up in a set's serving store
+    inside it, the lookup's share beside full recompute."""
+    rows = _ok(result["rows"])
+    full = {(r.get("cuda_graphs"), r["tokens"]): r for r in rows if r.get("mode") == "full"}
+    out = []
+    for r in rows:
+        if not str(r.get("mode", "")).startswith("sift"):
+            continue
+        f = full.get((r.get("cuda_graphs"), r["tokens"]), {})
+        out.append([r.get("protocol") or ("graphed" if r.get("cuda_graphs") else "eager"), tokens(r["tokens"]),
+                    num(r.get("docs"), 0), num(f.get("ttft_ms")), num(r.get("ttft_ms")), num(r.get("lookup_ms"), 3),
+                    pct((r.get("lookup_ms") or 0) / r["ttft_ms"] if r.get("ttft_ms") else None, 2),
+                    num(r.get("transfer_ms"), 2), ratio(r.get("cell_density"))])
+    return table(["protocol", "tokens", "documents", "full ms", "SIFT ms", "lookup ms", "lookup / SIFT TTFT",
+                  "transfer ms", "cell density"], out)
+
+
+def frontier(result: dict) -> str:
+    """`sift eval frontier`: per prompt set and rule, computed density against KL, beside the set's noise floor."""
+    out = []
+    for s in result.get("sets", []):
+        nf = s["noise_floor"]
+        out.append([s["set"], f"noise floor (full {nf['reference_dtype']})", "100%", num(nf["kl_median"], 4),
+                    num(nf["kl_p90"], 4), "1×", f"{nf['first_token_same_count']}/{nf['n']}",
+                    f"{nf['same_answer_count']}/{nf['n']}"])
+        for rule, points in s["rules"].items():
+            for p in sorted(points, key=lambda p: p["density"]):
+                params = (f"ε={p['epsilon']:g} ε'={p['ca_epsilon']:g}" if rule == "mass"
+                          else f"α={p['alpha']:g} β={p['beta']:g} γ={p['gamma']:g}")
+                m = p.get("kl_over_noise_median")
+                out.append([s["set"], f"{rule} T={p['tile_size']} {params}", pct(p["density"]),
+                            num(p["kl_median"], 4), num(p["kl_p90"], 4), "–" if m is None else f"{m:.2g}×",
+                            f"{p['first_token_same_count']}/{p['n']}", f"{p['same_answer_count']}/{p['n']}"])
+    return table(["set", "rule", "cells computed", "KL median", "KL p90", "× noise", "same first token",
+                  "same answer"], out)
+
+
+def store_scans(result: dict) -> str:
+    """`sift bench store`'s full scans of each set: seconds and peak resident memory."""
+    names = ("validate", "inspect", "ids --json", "status --finalize")
+    out = []
+    for r in result["rows"]:
+        scans = {s["scan"]: s for s in r.get("scans", [])}
+        out.append([num(r["documents"])] + [
+            "–" if n not in scans else (f"exit {scans[n]['exit']}" if scans[n].get("exit")
+                                        else f"{num(scans[n]['seconds'])} s, {num(scans[n]['peak_rss_mib'], 0)} MiB")
+            for n in names])
+    return table(["documents"] + [f"{n} (time, peak RSS)" for n in names], out)
