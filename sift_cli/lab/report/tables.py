@@ -116,13 +116,14 @@ def store(result: dict) -> str:
         for path in ("store", "parquet"):
             p = r.get(path, {})
             if "error" in p:
-                out.append([num(r["documents"]), path, f"error: {p['error']}"[:60]] + [""] * 6)
+                out.append([num(r["documents"]), path, f"error: {p['error']}"[:60]] + [""] * 7)
                 continue
             out.append([num(r["documents"]), path, num(p.get("open_ms"), 2), num(p.get("new_process_ms"), 0),
                         num(p.get("warm_p50_ms"), 3), num(p.get("warm_p99_ms"), 3), num(p.get("cold_p50_ms"), 2),
-                        num(p.get("cold_p99_ms"), 2), num(p.get("peak_rss_mib"), 0)])
+                        num(p.get("cold_p99_ms"), 2), num(p.get("rss_mib_after_open"), 0),
+                        num(p.get("peak_rss_mib"), 0)])
     return table(["documents", "read path", "open ms", "new process → 1st request ms", "warm p50 ms", "warm p99 ms",
-                  "cold p50 ms", "cold p99 ms", "peak RSS MiB"], out)
+                  "cold p50 ms", "cold p99 ms", "RSS after open MiB", "peak RSS MiB"], out)
 
 
 def rows_table(columns: list[tuple[str, str, int]]):
@@ -158,7 +159,7 @@ def frontier(result: dict) -> str:
     out = []
     for s in result.get("sets", []):
         nf = s["noise_floor"]
-        out.append([s["set"], f"noise floor (full {nf['reference_dtype']})", "100%", num(nf["kl_median"], 4),
+        out.append([s["set"], f"noise floor (full {nf['reference_dtype']})", "100.0 %", num(nf["kl_median"], 4),
                     num(nf["kl_p90"], 4), "1×", f"{nf['first_token_same_count']}/{nf['n']}",
                     f"{nf['same_answer_count']}/{nf['n']}"])
         for rule, points in s["rules"].items():
