@@ -35,7 +35,7 @@ def remove_dead_temporaries(directory: Path, pattern: str = ".*.tmp") -> int:
     n = 0
     for p in Path(directory).glob(pattern):
         fields = p.name[:-len(".tmp")].rsplit(".", 1)[-1].split("~")
-        if len(fields) != 3 or fields[0] != _HOST or not fields[1].isdigit() or _alive(int(fields[1])):
+        if len(fields) != 3 or fields[0] != _HOST or not fields[1].isdigit() or pid_alive(int(fields[1])):
             continue
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
@@ -43,7 +43,10 @@ def remove_dead_temporaries(directory: Path, pattern: str = ".*.tmp") -> int:
     return n
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this id runs on this host (one we may not signal counts as running)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

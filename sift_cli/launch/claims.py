@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+from ..atomic import pid_alive
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -164,7 +166,7 @@ class BucketClaims:
         if owner is None and age < 5:
             return False  # being written right now
         dead = (owner is not None and owner.get("host") == self.owner["host"]
-                and not _pid_alive(int(owner.get("pid", -1))))
+                and not pid_alive(int(owner.get("pid", -1))))
         if not dead and age < self.stale_after:
             return False
         aside = path.with_name(f"{path.name}.stale-{self.owner['nonce']}")
@@ -185,18 +187,6 @@ def _read_owner(path: Path) -> dict | None:
         return json.loads(path.read_text() or "null")
     except (OSError, ValueError):
         return None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_tmp_files(out: Path, shard: int) -> int:

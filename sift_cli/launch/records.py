@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from ..shards.files import atomic_write
-from .claims import _pid_alive
+from ..atomic import pid_alive
 
 RECORDS_DIR = ".sift-workers"
 
@@ -69,7 +69,7 @@ def read_worker_records(out: str | Path) -> list[dict]:
         if not isinstance(r, dict):
             continue
         r["file"] = p.name
-        if r.get("state") == "profiling" and r.get("host") == here and not _pid_alive(int(r.get("pid") or -1)):
+        if r.get("state") == "profiling" and r.get("host") == here and not pid_alive(int(r.get("pid") or -1)):
             r["state"] = "ended"
         records.append(r)
     records.sort(key=lambda r: (str(r.get("started_at")), r.get("rank") or 0, r["file"]))
