@@ -15,8 +15,8 @@ SaveOpt = typer.Option(None, "--save", "--out", help="write the result (rows, pr
 
 
 def check_outputs(save: Path | None = None, plot: Path | None = None, results: Path | None = None) -> None:
-    """The files a measurement writes when it ends, checked before it starts (`lab.runs.check_output_files`)."""
-    from ..lab.runs import check_output_files
+    """The files a measurement writes when it ends, checked before it starts (`lab.outputs.check_output_files`)."""
+    from ..lab.outputs import check_output_files
 
     check_output_files(save, plot, results)
 

@@ -15,9 +15,7 @@ from typing import Callable, ContextManager, Iterator
 
 import torch
 
-from ..errors import SiftError
 from ..models import LoadedModel, load_model
-from ..output_dirs import check_writable_dir
 from . import plots
 
 Progress = Callable[[int, int], None]  # progress(done, total)
@@ -50,21 +48,6 @@ def run_metadata(lm: LoadedModel | None) -> dict:
 
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "model": lm.name if lm else None,
             "device": str(lm.device) if lm else None, "machine": platform.node(), "commit": source_commit()}
-
-
-def check_output_files(save: Path | None = None, plot_path: Path | None = None, results: Path | None = None
-                       ) -> None:
-    """The files a measurement writes when it ends (--save, --plot, --results), checked before it starts: a
-    measurement of minutes to hours is not lost to a folder given as a file, one that cannot be written, or a
-    missing matplotlib."""
-    for flag, path in (("--save", save), ("--plot", plot_path), ("--results", results)):
-        if path is None:
-            continue
-        if Path(path).is_dir():
-            raise SiftError(f"{flag} {path} is a folder — give the file to write")
-        check_writable_dir(Path(path).parent, f"{flag}'s folder")
-    if plot_path is not None:
-        plots.check_available()
 
 
 def write_json(path: Path | None, obj) -> None:
