@@ -12,7 +12,7 @@ from sift_cli.attention.backends import _cuda_refusal, get_backend
 from sift_cli.attention.features import window_blocks
 from sift_cli.attention.integration import causal_attention
 from sift_cli.attention.swap import swapped_attention
-from sift_cli.check_model import check_model
+from sift_cli.check_model import check_model, ulp
 from sift_cli.config import ProfileConfig
 from sift_cli.errors import SiftError
 from sift_cli.model_features import features_of, refuse_config
@@ -59,6 +59,25 @@ def test_inventory(models, name):
 def test_every_block_prefill_equals_model_forward(models, name, backend):
     r = check_model(loaded(model_of(models, name), name), backend, length=3 * WINDOW + 5)
     assert r["ok"] and r["max_abs_dlogit"] <= 1e-4 and r["first_token_equal"], r
+
+
+@pytest.mark.parametrize("name", FEATURED)
+def test_half_precision_check_bounds_by_the_models_own_rounding(name):
+    """In bf16 the tolerance is derived: twice what bf16 itself changes in the model's forward (fp32 parameters
+    against bf16), at least two units in the last place of the largest logit; the parameters come back unchanged."""
+    model = family_model(name, seed=7, dtype=torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lm = LoadedModel(model, None, name, name, "test", "test", torch.device("cpu"), torch.bfloat16)
+    r = check_model(lm, "reference", length=3 * WINDOW + 5)
+    assert r["half_precision_noise"] > 0 and r["tolerance"] >= 2 * r["half_precision_noise"] - 1e-9, r
+    assert r["ok"], r
+    after = model.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_ulp():
+    assert ulp(1.0, torch.bfloat16) == 2 ** -7 and ulp(78.5, torch.bfloat16) == 0.5
+    assert ulp(3.0, torch.float16) == 2 ** -9 and ulp(5.0, torch.float32) == 0.0
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -43,9 +43,12 @@ def check_model(
         out.print(f"[bold]{escape(r['model'])}[/] ({f['model_type']}, head_dim {f['head_dim']}, {f['heads']}/"
                   f"{f['kv_heads']} heads, {extras}): backend {r['backend']}, {r['tokens']} tokens, {r['dtype']}")
         verdict = "[green]equal[/]" if r["ok"] else "[red]DIFFERENT[/]"
-        out.print(f"max |Δlogit| {r['max_abs_dlogit']:.3g} (tolerance {r['tolerance']:g}): {verdict}; "
+        why = (f": twice the {r['dtype']} rounding's own change, {r['half_precision_noise']:.3g}"
+               if r.get("half_precision_noise") else "")
+        out.print(f"max |Δlogit| {r['max_abs_dlogit']:.3g} (tolerance {r['tolerance']:.3g}{why}): {verdict}; "
                   f"next token {'equal' if r['first_token_equal'] else 'different'}")
     if not r["ok"]:
         err.print(f"[red]error:[/] sparse prefill differs from the model's forward: max |Δlogit| "
-                  f"{r['max_abs_dlogit']:.3g} > {r['tolerance']:g}")
+                  f"{r['max_abs_dlogit']:.3g} (tolerance {r['tolerance']:.3g}), next token "
+                  f"{'equal' if r['first_token_equal'] else 'different'}")
         raise typer.Exit(1)

@@ -19,6 +19,7 @@ from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
 from ...block_lists import allowed_cells, computed_cells, mean_densities
 from ...errors import SiftError, error_line
+from ...model_features import features_of
 from ...prefill.graphs import GraphedPrefill, graphed_sparse_prefill
 from ...prefill.options import PrefillOptions, for_prompt
 from ...prefill.plan import choose_decoder
@@ -158,7 +159,7 @@ class CaseRun:
         lm, dev, prompt = self.case.lm, self.dev, self.case.prompt()
         block_m = block_m or self.block_m
         try:
-            backend = get_backend(bname, dev)
+            backend = get_backend(bname, dev, features_of(self.model))
         except SiftError as exc:
             self.rows.append({**self.base, "mode": f"sift-{bname}{label}", "error": str(exc)})
             return

@@ -83,6 +83,8 @@ def test_graphed_protocol_on_a_gpu():
                             log=lambda *a: None)
         want = "graphed" if graphed else "eager"
         ok = [r for r in rows if "error" not in r]
-        assert {r["mode"] for r in ok} >= {"full", "no-attention"} and any(r["mode"].startswith("sift") for r in ok)
+        failed = [(r["mode"], r["error"]) for r in rows if "error" in r]
+        assert {r["mode"] for r in ok} >= {"full", "no-attention"} and any(r["mode"].startswith("sift") for r in ok), \
+            failed
         for r in ok:
             assert r["protocol"] == want and r["baseline_protocol"] == want, r
