@@ -55,14 +55,21 @@ def band_tile_max(doc_probs: torch.Tensor, doc_causal: torch.Tensor, tile: int, 
     """[h, R, C] band → [h, ceil(R/T), ceil(C/T)] maximum probability of each tile's causal cells (-1 if none).
 
     mask=False skips hiding the non-causal cells: they are exactly 0, which only a zero threshold can tell apart.
+    Columns are reduced first, in place of the band (a view: padding the band to whole tiles would copy all of it,
+    which took a seventh of a CPU profile), then rows on the T-times smaller result.
     """
     h, R, C = doc_probs.shape
     if mask:
         doc_probs = doc_probs.masked_fill(~doc_causal, -1.0)
-    rows_pad, cols_pad = -(-R // tile) * tile, -(-C // tile) * tile
-    if rows_pad != R or cols_pad != C:
-        doc_probs = F.pad(doc_probs, (0, cols_pad - C, 0, rows_pad - R), value=-1.0)
-    return doc_probs.view(h, rows_pad // tile, tile, cols_pad // tile, tile).amax(dim=(2, 4))
+    whole = C // tile * tile
+    parts = [doc_probs[..., :whole].unflatten(-1, (whole // tile, tile)).amax(-1)] if whole else []
+    if whole < C:
+        parts.append(doc_probs[..., whole:].amax(-1, keepdim=True))
+    col_max = torch.cat(parts, -1) if len(parts) > 1 else parts[0]  # [h, R, ceil(C/T)]
+    rows_pad = -(-R // tile) * tile
+    if rows_pad != R:
+        col_max = F.pad(col_max, (0, 0, 0, rows_pad - R), value=-1.0)
+    return col_max.view(h, rows_pad // tile, tile, col_max.shape[-1]).amax(2)
 
 
 def doc_attention_bits(q: torch.Tensor, k: torch.Tensor, prefix_len: int, n_doc: int, scale: float,
