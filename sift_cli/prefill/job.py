@@ -57,9 +57,10 @@ def _profile_missing(prompt, lm, out, first) -> dict:
 def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int = 2, progress=None) -> list[dict]:
     """`sift demo-prefill`: the first `n` built-in sample questions (`sample.SAMPLE_QUESTIONS`) over shards of the
     built-in sample corpus, full recompute and SIFT side by side, with the bundled model. Each report also holds
-    "question" and "expected" (the module that answers it). Each mode is timed as the median of 3 alternating runs
-    after a warm-up on every device: on a CPU one run of a ~2K-token prompt moves by ±3 % (docs/benchmarks.md),
-    more than the attention SIFT saves there, and three more pairs add under a minute to `make demo`."""
+    "question" and "expected" (the module that answers it). Timing follows the device's defaults
+    (`timing.timing_defaults`): the warm median of 3 runs on a GPU; on a CPU the ~2K-token prompts run once per mode
+    and print no speed-up (saying how to get one), since the warm median's six more forwards would add about a
+    minute to `make demo` for a speed-up that on a CPU means little (docs/cli.md, "Timing")."""
     shards = open_set(shards_dir)
     for q in SAMPLE_QUESTIONS[:n]:  # before the model loads
         check_ids_held([shards], list(q.doc_ids))
@@ -67,7 +68,7 @@ def sample_prefills(shards_dir: str | Path, device: str | None = "auto", n: int 
     reports = []
     for q in SAMPLE_QUESTIONS[:n]:
         prompt = assemble(shards, lm, list(q.doc_ids), q.question)
-        opts = PrefillOptions(max_new_tokens=q.max_new_tokens, repeat=3, warmup=1)
+        opts = PrefillOptions(max_new_tokens=q.max_new_tokens)
         with layer_progress(lm, progress, forward_count(opts, lm.device, len(prompt.input_ids))) as per_forward:
             report = run_prefill(lm, prompt, opts, progress=per_forward)
         reports.append({**report, "question": q.question, "expected": q.answer})

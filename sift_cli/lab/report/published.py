@@ -49,4 +49,7 @@ TABLES = {t.name: t for t in (
     Published("frontier", ("frontier-essays.json", "frontier-nq20.json", "frontier-nq10.json", "frontier-pairs.json"),
               tables.frontier, "sift eval frontier --sets essays --n-prompts 20 --device cuda --dtype bfloat16 "
                                "--backend cuda --save docs/results/frontier-essays.json (one file per set)"),
+    Published("recall", ("recall-nq20.json", "recall-essays.json"), tables.recall,
+              "sift eval recall --data nq --n-docs 20 --n-prompts 6 --threads 1 --save docs/results/recall-nq20.json; "
+              "sift eval recall --data essays --n-prompts 3 --threads 1 --save docs/results/recall-essays.json"),
 )}

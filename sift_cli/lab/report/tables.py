@@ -174,6 +174,25 @@ def frontier(result: dict) -> str:
                   "same answer"], out)
 
 
+def recall(result: dict) -> str:
+    """`sift eval recall`, one row per prompt set and side: the truly high cells (LA ≥ α, CA ≥ β) the stored bits
+    and the computed blocks keep, the attention mass the blocks keep, beside the paper's Llama-3-8B recall."""
+    out = []
+    for res in result.get("results") or [result]:
+        o, paper, src = res["overall"], res.get("paper") or {}, res.get("source") or {}
+        tok = [p["tokens"] for p in res.get("prompts", [])]
+        name = f"{src.get('name', '?')} ({len(tok)} prompts, {tokens(min(tok))}–{tokens(max(tok))})" if tok else "?"
+        for side, unit in (("la", "tile"), ("ca", "page")):
+            out.append([name, side.upper(), pct(res["area"][side]), pct(o[f"{side}_true_density"], 2),
+                        pct(o[f"{side}_chosen_density"]),
+                        f"{pct(o[f'{side}_chosen_{unit}_density'])} / {pct(o[f'{side}_true_{unit}_density'])}",
+                        pct(o[f"{side}_recall"], 2), pct(o[f"{side}_block_recall"], 2),
+                        pct(o.get("attention_mass_kept"), 2), pct(paper.get(f"{side}_recall"), 2)])
+    return table(["prompts", "side", "share of the attention area", "truly high cells", "chosen cells",
+                  "chosen / truly high tiles (LA) or pages (CA)", "recall", "recall in computed blocks",
+                  "document-row mass in computed blocks", "paper recall (Llama-3-8B)"], out)
+
+
 def store_scans(result: dict) -> str:
     """`sift bench store`'s full scans of each set: seconds and peak resident memory."""
     names = ("validate", "inspect", "ids --json", "status --finalize")
