@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.sift-installed
 TORCH  ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 DEMO   ?= demo-shards
+# one test worker per core (pytest-xdist; tests/conftest.py gives each worker one intra-op thread)
+PYTEST := $(BIN)/python -m pytest -q -n auto
 
 .PHONY: install demo test test-gpu bench docs-tables clean readme-numbers
 
@@ -38,14 +40,14 @@ readme-numbers: install
 		$(BIN)/sift validate $(DEMO) >/dev/null; }'
 	@bash -c 'TIMEFORMAT="the two questions (demo-prefill): %R s"; time $(BIN)/sift demo-prefill --shards $(DEMO) >/dev/null'
 	@$(BIN)/sift inspect $(DEMO) | grep metadata
-	@bash -c 'TIMEFORMAT="make test (the test run itself): %R s"; time $(BIN)/python -m pytest -q >/dev/null'
+	@bash -c 'TIMEFORMAT="make test (the test run itself): %R s"; time $(PYTEST) >/dev/null'
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # On a machine with an NVIDIA GPU: only the GPU-marked tests.
 test-gpu: install
-	$(BIN)/python -m pytest -q -m "gpu or hopper"
+	$(BIN)/python -m pytest -q -m "gpu or hopper"  # one process: the GPU tests share one device
 
 bench: install
 	$(BIN)/sift bench kernels
