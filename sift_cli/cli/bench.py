@@ -208,7 +208,7 @@ def bench_gather(
             t.add_column(c, justify="right")
         for r in res["rows"]:
             if "error" in r:
-                t.add_row(f"{r['target_tokens']:,}", str(r["docs"]), f"[red]{escape(r['error'][:80])}[/]")
+                t.add_row(f"{r['target_tokens']:,}", str(r.get("docs", "–")), f"[red]{escape(r['error'][:80])}[/]")
                 continue
             t.add_row(f"{r['tokens']:,}", str(r["docs"]), f"{r['cells']:.1%}", f"{r['full_ms']:,.0f}",
                       f"{r['sift_ms']:,.0f}", fmt(r["speedup"], 2), "same" if r["first_token_match"] else "DIFFERENT")

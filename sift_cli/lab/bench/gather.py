@@ -23,12 +23,12 @@ from ...timing import timing_protocol
 QUESTION = "What do these documents have in common?"
 
 
-def pick_documents(sizes: dict[str, int], target: int) -> list[str]:
+def pick_documents(sizes: dict[str, int], target: int, limit: int | None = None) -> list[str]:
     """The first ids (in order) whose tokens come closest to `target`: at least one, each next one taken while it
-    brings the total nearer."""
+    brings the total nearer and keeps it within `limit` (the document tokens the model's context leaves)."""
     picked, total = [], 0
     for doc_id, n in sizes.items():
-        if picked and abs(total + n - target) >= abs(total - target):
+        if picked and (abs(total + n - target) >= abs(total - target) or (limit is not None and total + n > limit)):
             break
         picked.append(doc_id)
         total += n
@@ -45,9 +45,15 @@ def run_gather_bench(shards_dir, lengths=(2048, 4096, 6144, 8192), repeat: int =
     if not sizes:
         raise SiftError(f"{shards_dir}: the set holds no profiled documents")
     protocol = timing_protocol(repeat, warmup)
+    first = next(iter(sizes))  # the prompt's tokens besides its documents: prefix, question and template
+    overhead = len(assemble(source, lm, [first], QUESTION).input_ids) - sizes[first]
     rows, seen = [], set()
     for target in lengths:
-        ids = pick_documents(sizes, target)
+        if target > lm.max_context:
+            rows.append({"target_tokens": target, "error": f"{target} tokens is more than the model's context of "
+                                                           f"{lm.max_context}"})
+            continue
+        ids = pick_documents(sizes, target, lm.max_context - overhead)
         if tuple(ids) in seen:
             continue  # the set has too few documents for a longer prompt
         seen.add(tuple(ids))

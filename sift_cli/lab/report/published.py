@@ -49,6 +49,12 @@ TABLES = {t.name: t for t in (
     Published("frontier", ("frontier-essays.json", "frontier-nq20.json", "frontier-nq10.json", "frontier-pairs.json"),
               tables.frontier, "sift eval frontier --sets essays --n-prompts 20 --device cuda --dtype bfloat16 "
                                "--backend cuda --save docs/results/frontier-essays.json (one file per set)"),
+    Published("gather", ("gather.json",), tables.gather,
+              "sift bench gather --shards ESSAYS-SET --save docs/results/gather.json (ESSAYS-SET: `sift profile` of "
+              "8 essays cut at 1,000 words)"),
+    Published("storage", ("storage-t128.json", "storage-t64.json"), tables.storage,
+              "sift eval storage --tile 128 --save docs/results/storage-t128.json; sift eval storage --tile 64 "
+              "--save docs/results/storage-t64.json"),
     Published("recall", ("recall-nq20.json", "recall-essays.json"), tables.recall,
               "sift eval recall --data nq --n-docs 20 --n-prompts 6 --threads 1 --save docs/results/recall-nq20.json; "
               "sift eval recall --data essays --n-prompts 3 --threads 1 --save docs/results/recall-essays.json"),

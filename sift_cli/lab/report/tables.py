@@ -193,6 +193,39 @@ def recall(result: dict) -> str:
                   "document-row mass in computed blocks", "paper recall (Llama-3-8B)"], out)
 
 
+STORAGE_MODELS = ("Llama-3-8B", "Qwen3-235B-A22B", "MiniMax-M2", "SmolLM2-135M")
+
+
+def storage(result: dict) -> str:
+    """`sift eval storage` (one result per tile size): a document's bits, byte-padded as stored (the paper's
+    unpadded arithmetic in brackets), against its bf16 KV cache, at 1K and 2K tokens, and the document length at
+    which the two are equal."""
+    from ...sizes import binary_bytes
+
+    out = []
+    for res in result.get("results") or [result]:
+        for r in res.get("models", []):
+            if r["model"] not in STORAGE_MODELS or r["doc_tokens"] not in (1024, 2048):
+                continue
+            out.append([r["model"], str(r["tile"]), tokens(r["doc_tokens"]), binary_bytes(r["sift_bytes"]),
+                        binary_bytes(r["kv_bytes"]), f"{r['kv_over_sift']:,.0f}× ({r['kv_over_sift_unpadded']:,.0f}×)",
+                        f"{r['crossover_doc_tokens'] / 1e6:.1f}M tokens"])
+    return table(["model", "T", "doc tokens", "SIFT", "KV cache (bf16)", "KV / SIFT", "equal at"], out)
+
+
+def gather(result: dict) -> str:
+    """`sift bench gather`: the CPU's sparse path (gather backend) against full recompute on real profiles, medians
+    of interleaved warm runs, with the cells SIFT computed."""
+    out = []
+    for r in _ok(result["rows"]):
+        out.append([tokens(r["tokens"]), num(r["docs"], 0), pct(r["cells"]), num(r["full_ms"] / 1e3, 2),
+                    num(r["sift_ms"] / 1e3, 2), ratio(r.get("speedup"), 2),
+                    "yes" if r.get("first_token_match") else "no",
+                    "–" if r.get("kl") is None else f"{r['kl']:.1e}"])
+    return table(["prompt tokens", "documents", "cells computed", "full recompute s", "SIFT (gather) s",
+                  "× full", "same first token", "KL(full ‖ SIFT)"], out)
+
+
 def store_scans(result: dict) -> str:
     """`sift bench store`'s full scans of each set: seconds and peak resident memory."""
     names = ("validate", "inspect", "ids --json", "status --finalize")
