@@ -219,7 +219,7 @@ def bench_gather(
         if timing["speedup_withheld"]:
             out.print(f"[dim]{escape(timing['speedup_withheld'])}[/]")
 
-    finish(result, save, None, None, as_json, show)
+    finish(result, save, None, None, as_json, show, kind="bench-gather")
 
 
 def render_bench(rows: list[dict], cpu_smoke: bool = False) -> None:

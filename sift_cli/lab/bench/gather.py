@@ -80,5 +80,5 @@ def run_gather_bench(shards_dir, lengths=(2048, 4096, 6144, 8192), repeat: int =
                      "full_runs_ms": full, "sift_runs_ms": sift,
                      "speedup": None if protocol["speedup_withheld"] else f_ms / s_ms,
                      "first_token_match": cmp["first_token_match"], "kl": cmp["kl"]})
-    return {"model": lm.name, "device": "cpu", "threads": torch.get_num_threads(), "backend": backend.name,
+    return {"model": lm.name, "threads": torch.get_num_threads(), "backend": backend.name,
             "timing": protocol, "rows": rows}

@@ -49,7 +49,7 @@ TABLES = {t.name: t for t in (
     Published("frontier", ("frontier-essays.json", "frontier-nq20.json", "frontier-nq10.json", "frontier-pairs.json"),
               tables.frontier, "sift eval frontier --sets essays --n-prompts 20 --device cuda --dtype bfloat16 "
                                "--backend cuda --save docs/results/frontier-essays.json (one file per set)"),
-    Published("gather", ("gather.json",), tables.gather,
+    Published("gather", ("gather.json", "gather-8k.json"), tables.gather,
               "sift bench gather --shards ESSAYS-SET --save docs/results/gather.json (ESSAYS-SET: `sift profile` of "
               "8 essays cut at 1,000 words)"),
     Published("storage", ("storage-t128.json", "storage-t64.json"), tables.storage,

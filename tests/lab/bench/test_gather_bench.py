@@ -25,6 +25,7 @@ def test_bench_gather_rows_and_json(tmp_path, tiny_ckpt, all_bits, capsys):  # n
     res = json.loads(save.read_text())
     rows = res["rows"]
     assert res["timing"]["protocol"] == "single_cold_run" and len(rows) == 3
+    assert res["kind"] == "bench-gather" and res["command"].startswith("sift bench gather") and res["commit"]
     assert rows[0]["docs"] == 1 < rows[1]["docs"] and rows[0]["tokens"] < rows[1]["tokens"] <= 1024
     assert "more than the model's context" in rows[2]["error"]  # a length the model cannot take: said in its row
     for r in rows[:2]:
