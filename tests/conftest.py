@@ -19,6 +19,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the slow tests first: with a worker per core (`make test`) they then run beside the many short ones instead of
+    # forming the run's tail (the order within each group is kept)
+    items.sort(key=lambda item: "slow" not in item.keywords)
     has_gpu = torch.cuda.is_available()
     hopper = has_gpu and torch.cuda.get_device_capability()[0] == 9
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -15,6 +15,10 @@ from sift_cli.cuda import runtime
 from sift_cli.errors import SiftError
 from tests.conftest import nvcc_path
 
+# one worker compiles every variant once (the module's `builds` fixture), early: `make test` runs with
+# --dist loadgroup, which keeps a group on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("nvcc")]
+
 # (head_dim, table KV block, paired, query block rows, pingpong): every configuration a table can run; 128-row
 # query blocks with pingpong on (the default) and off
 ATTN_CONFIGS = [(d, bn, pair, bm, pp) for d in (64, 128) for bn, pair in ((64, False), (64, True), (128, False))
