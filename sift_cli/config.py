@@ -135,6 +135,14 @@ def check_rule_parameters(overrides: Mapping[str, Any]) -> None:
                         f"{'mass' if mass else overrides.get('rule') or 'paper'}")
 
 
+def _check_flags_fit_the_files_rule(overrides: Mapping[str, Any], rule: str, source: str) -> None:
+    """A paper-rule threshold flag under a config file that chose the mass rule would go unused: refuse it."""
+    try:
+        check_rule_parameters({**overrides, "rule": rule})
+    except SiftError as exc:
+        raise SiftError(f"{exc} ({source} sets rule = {rule}; add --rule paper to use the thresholds)") from None
+
+
 def resolve_profile_config(device, overrides: Mapping[str, Any] | None = None, *, read_file: bool = False,
                            config_file: str | Path | None = None, lm=None) -> ResolvedConfig:
     """The checked ProfileConfig for a model on `device`.
@@ -153,6 +161,8 @@ def resolve_profile_config(device, overrides: Mapping[str, Any] | None = None, *
         if value is None or (key == "batch_tokens" and not value):
             continue
         values[key] = value
+    if (overrides or {}).get("rule") is None and values.get("rule", "paper") != "paper":
+        _check_flags_fit_the_files_rule(overrides or {}, values["rule"], source)
     cfg = ProfileConfig(**values)
     cfg.check()
     return ResolvedConfig(cfg, source, warning)

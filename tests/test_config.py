@@ -57,3 +57,16 @@ def test_flags_win_over_the_file_over_the_device_defaults(tmp_path, monkeypatch)
     assert r.source.endswith("sift.toml") and "calibrated for weights" in r.warning
     with pytest.raises(SiftError, match="--tile 48"):
         resolve_profile_config("cpu", {"tile": 48})
+
+
+def test_threshold_flags_under_a_file_of_the_mass_rule_are_refused(tmp_path, monkeypatch):
+    """sift.toml chose the mass rule: --alpha alone would be silently unused, so it is refused with the remedy;
+    with --rule paper it is used."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SIFT_CONFIG", raising=False)
+    write_config(tmp_path / "sift.toml", {"tile": 64, "rule": "mass", "epsilon": 0.05, "ca_epsilon": 0.1}, {})
+    assert resolve_profile_config("cpu", {}, read_file=True).profile.rule == "mass"
+    with pytest.raises(SiftError, match=r"--alpha belongs to --rule paper.*sift.toml sets rule = mass.*--rule paper"):
+        resolve_profile_config("cpu", {"alpha": 0.003}, read_file=True)
+    r = resolve_profile_config("cpu", {"alpha": 0.003, "rule": "paper"}, read_file=True)
+    assert (r.profile.rule, r.profile.alpha) == ("paper", 0.003)
