@@ -6,9 +6,11 @@ STAMP  := $(VENV)/.sift-installed
 TORCH  ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 DEMO   ?= demo-shards
-# one test worker per core (pytest-xdist; tests/conftest.py gives each worker one intra-op thread and puts the slow
-# tests first; a module that builds something once per worker keeps its tests on one worker with xdist_group)
-PYTEST := $(BIN)/python -m pytest -q -n auto --dist loadgroup
+# test workers (pytest-xdist; tests/conftest.py gives each worker one intra-op thread and puts the slow tests first;
+# a module that builds something once per worker keeps its tests on one worker with xdist_group). Two, not "auto":
+# a container can report every core of its host while its quota allows two, and each worker holds a model.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: install demo test test-gpu bench docs-tables clean readme-numbers
 
