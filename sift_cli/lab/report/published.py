@@ -55,6 +55,11 @@ TABLES = {t.name: t for t in (
     Published("storage", ("storage-t128.json", "storage-t64.json"), tables.storage,
               "sift eval storage --tile 128 --save docs/results/storage-t128.json; sift eval storage --tile 64 "
               "--save docs/results/storage-t64.json"),
+    Published("qa", ("qa-nq10-fp32-reference.json", "qa-nq20-fp32-reference.json", "qa-nq10-bf16-cuda.json",
+                     "qa-nq20-bf16-cuda.json"), tables.qa,
+              "sift eval qa --nq --n-docs 10 --questions 12 --device cpu --dtype float32 --backend reference --save "
+              "docs/results/qa-nq10-fp32-reference.json (one file per --n-docs; bf16 + cuda on a Hopper GPU: "
+              "qa-nq10-bf16-cuda.json)"),
     Published("recall", ("recall-nq20.json", "recall-essays.json"), tables.recall,
               "sift eval recall --data nq --n-docs 20 --n-prompts 6 --threads 1 --save docs/results/recall-nq20.json; "
               "sift eval recall --data essays --n-prompts 3 --threads 1 --save docs/results/recall-essays.json"),

@@ -193,6 +193,39 @@ def recall(result: dict) -> str:
                   "document-row mass in computed blocks", "paper recall (Llama-3-8B)"], out)
 
 
+QA_MODES = ("full", "sift", "sink+window", "kv-reuse", "cacheblend", "noise_floor")
+
+
+def _flag(command: str, name: str) -> str | None:
+    words = (command or "").split()
+    return words[words.index(name) + 1] if name in words[:-1] else None
+
+
+def qa(result: dict) -> str:
+    """`sift eval qa --nq`: per passage count and mode, accuracy and agreement with full recompute (same answer,
+    same first token, median KL, its multiple of the noise floor), beside the noise floor's own."""
+    out = []
+    for res in result.get("results") or [result]:
+        command = res.get("command") or ""
+        config = f"{_flag(command, '--dtype') or 'auto'} + {_flag(command, '--backend') or 'auto'}"
+        for run in res.get("runs", []):
+            for mode in QA_MODES:
+                m = run.get("summary", {}).get(mode)
+                if not m:
+                    continue
+                vs_full = mode != "full"
+                label = f"noise floor (full {m['reference_dtype']})" if mode == "noise_floor" else mode
+                multiple = m.get("kl_over_noise_median")
+                out.append([num(run["n_docs"], 0), config, num(m["n"], 0), tokens(round(run.get("mean_tokens", 0))),
+                            label, pct(m["accuracy"]), pct(m["agreement_with_full"]) if vs_full else "–",
+                            pct(m["first_token_agreement"]) if vs_full else "–",
+                            f"{m['kl_median']:.1e}" if vs_full else "–",
+                            "–" if multiple is None or not vs_full else f"{multiple:.2g}×",
+                            pct(m.get("cell_density_mean"))])
+    return table(["passages", "config", "questions", "tokens (mean)", "mode", "accuracy", "same answer as full",
+                  "same first token", "KL median", "KL × noise floor", "cells computed"], out)
+
+
 STORAGE_MODELS = ("Llama-3-8B", "Qwen3-235B-A22B", "MiniMax-M2", "SmolLM2-135M")
 
 
@@ -207,8 +240,9 @@ def storage(result: dict) -> str:
         for r in res.get("models", []):
             if r["model"] not in STORAGE_MODELS or r["doc_tokens"] not in (1024, 2048):
                 continue
+            ratios = f"{r['kv_over_sift']:,.0f}× ({r['kv_over_sift_unpadded']:,.0f}×)"
             out.append([r["model"], str(r["tile"]), tokens(r["doc_tokens"]), binary_bytes(r["sift_bytes"]),
-                        binary_bytes(r["kv_bytes"]), f"{r['kv_over_sift']:,.0f}× ({r['kv_over_sift_unpadded']:,.0f}×)",
+                        binary_bytes(r["kv_bytes"]), ratios,
                         f"{r['crossover_doc_tokens'] / 1e6:.1f}M tokens"])
     return table(["model", "T", "doc tokens", "SIFT", "KV cache (bf16)", "KV / SIFT", "equal at"], out)
 
