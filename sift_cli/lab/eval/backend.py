@@ -6,6 +6,7 @@ import torch
 
 from ...attention.backends import get_backend
 from ...attention.reference import BAND_ROWS, ReferenceBackend
+from ...model_features import features_of
 
 
 def eval_backend(name: str, device: torch.device, features=None):
@@ -16,3 +17,8 @@ def eval_backend(name: str, device: torch.device, features=None):
     if name == "reference":
         return ReferenceBackend(rows=BAND_ROWS)
     return get_backend(name, device, features)
+
+
+def model_backend(name: str, lm):
+    """`eval_backend` for a loaded model: on its device, for its attention features."""
+    return eval_backend(name, lm.device, features_of(lm.model))

@@ -25,8 +25,7 @@ from ...errors import SiftError
 from ...models import resolve_device
 from ...output_dirs import check_writable_dir
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
-from ...model_features import features_of
-from .backend import eval_backend
+from .backend import eval_backend, model_backend
 from .prompt_sets import PromptSet, check_document_count, corpus_prompt_set
 from ...sample import resolve_corpus
 from .frontier import noise_floors, point_summary
@@ -99,7 +98,7 @@ def calibrate(lm, pset: PromptSet, points: list, target: Target, backend=None, b
     """points: GridPoints (the paper rule) or MassPoints (the mass rule), not both."""
     check_candidates(points, target)
     mass = isinstance(points[0], MassPoint)
-    backend = backend or eval_backend("auto", lm.device, features_of(lm.model))
+    backend = backend or model_backend("auto", lm)
     anchor = GridPoint(points[0].tile, 1e-3, 1e-2, 0.1) if mass else points[0]
     ctx = SweepContext(lm, pset, [anchor] if mass else points, max_new_tokens)
     noise = noise_floors(ctx, anchor, max_new_tokens)
@@ -226,7 +225,7 @@ def calibrate_corpus(model: ModelSpec, corpus: str, points: list[GridPoint], tar
     lm = model.load()
     pset = corpus_prompt_set(docs, fmt, n_prompts, docs_per_prompt, qs, seed, lm=lm,  # prompts fit the context
                              source=str(corpus))
-    be = eval_backend(backend, lm.device, features_of(lm.model))
+    be = model_backend(backend, lm)
     with progress_bar("calibrating") as prog:
         res = calibrate(lm, pset, points, target, be, block_m, block_n, max_new_tokens, progress=prog)
     res["run"] = run_metadata(lm)

@@ -25,8 +25,7 @@ import torch
 from ...prefill.noise import kl_multiple, reference_run
 from ...prefill.report import compare_logits
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
-from ...model_features import features_of
-from .backend import eval_backend
+from .backend import model_backend
 from .frontier_sets import FRONTIER_SETS, frontier_set
 from .mass_grid import MassPoint, MassSweepContext, parse_mass_points
 from .sweep import GridPoint, SweepContext, check_points, parse_points
@@ -147,7 +146,7 @@ def frontier_report(model: ModelSpec, sets=FRONTIER_SETS, n_prompts: int = 20, p
     check_points(paper_points + [GridPoint(p.tile, 0.0, 0.0, 0.0) for p in mass_points])
     psets = [frontier_set(name, data_dir, n_prompts, seed, essay_words) for name in sets]
     lm = model.load()
-    be = eval_backend(backend, lm.device, features_of(lm.model))
+    be = model_backend(backend, lm)
     results = []
     for name, pset in zip(sets, psets):
         with progress_bar(f"frontier {name}") as prog:

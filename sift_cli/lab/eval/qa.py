@@ -44,8 +44,7 @@ from ...prefill.report import compare_logits
 from ...prefill.run import dense_prefill, sparse_prefill
 from ..datasets import data_dir as find_data
 from ..runs import ModelSpec, ProgressBar, append_result, no_progress, read_results, run_metadata
-from ...model_features import features_of
-from .backend import eval_backend
+from .backend import model_backend
 from .kvreuse import cacheblend_prefill, inv_freq_of, is_llama_family, kv_reuse_prefill, reused_kv, standalone_kv
 from .prompt_sets import PromptSet, PromptSpec, compose, ensure_shards
 from .qa_records import build_nq_records, gold_position, read_qa_records, records_prompt_set, sample_records
@@ -207,7 +206,7 @@ def run_qa(lm, shards, pset: PromptSet, modes=MODES, backend=None, max_new_token
         raise SiftError(f"--modes: unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
     if "full" not in modes:
         modes = ("full", *modes)
-    backend = backend or eval_backend("auto", lm.device, features_of(lm.model))
+    backend = backend or model_backend("auto", lm)
     if ("kv-reuse" in modes or "cacheblend" in modes):
         if not is_llama_family(lm.model):
             raise SiftError("kv-reuse / cacheblend need a Llama-family model (q/k/v/o projections + RoPE); "
@@ -257,7 +256,7 @@ def qa_report(model: ModelSpec, records: Path | None = None, nq: bool = False, s
                         f"--nq")
     lm = model.load()
     cfg = resolve_profile_config(lm.device, selection).profile
-    be = eval_backend(backend, lm.device, features_of(lm.model))
+    be = model_backend(backend, lm)
     done = read_results(results)
     runs = []
     for n in sizes:

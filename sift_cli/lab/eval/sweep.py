@@ -30,8 +30,7 @@ from ...prefill.report import compare_logits
 from ...prefill.run import dense_prefill, sparse_prefill
 from ...tokens import prefix_token_ids, tokenize_documents
 from ..runs import ModelSpec, ProgressBar, no_progress, run_metadata
-from ...model_features import features_of
-from .backend import eval_backend
+from .backend import model_backend
 from .probe import probe_forward
 from .prompt_sets import PromptSet, builtin_prompt_set, check_document_count, corpus_prompt_set
 from .recall import COUNTS, RecallProbe, summarize
@@ -195,7 +194,7 @@ class SweepContext:
 
 def run_sweep(lm, pset: PromptSet, points: list[GridPoint], backend=None, block_m: int = 128, block_n: int = 64,
               max_new_tokens: int = 16, recall: bool = False, progress=None, ctx: SweepContext | None = None) -> dict:
-    backend = backend or eval_backend("auto", lm.device, features_of(lm.model))
+    backend = backend or model_backend("auto", lm)
     ctx = ctx or SweepContext(lm, pset, points, max_new_tokens)
     rows = []
     for i, pt in enumerate(points):
@@ -224,7 +223,7 @@ def sweep_report(model: ModelSpec, points: list[GridPoint], data: str | None = N
     if corpus:
         pset = corpus_prompt_set(docs, CorpusFormat(), n_prompts, docs_per_prompt, None, seed, lm=lm,
                                  source=str(corpus))
-    be = eval_backend(backend, lm.device, features_of(lm.model))
+    be = model_backend(backend, lm)
     with progress_bar("sweep") as prog:
         res = run_sweep(lm, pset, points, be, block_m, block_n, max_new_tokens, recall, progress=prog)
     res["run"] = run_metadata(lm)
