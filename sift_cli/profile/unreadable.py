@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import fsync_directory
+from ..shards.names import part_index
 from ..store.layout import BucketView, StoreDamage, bucket_file_name
 from ..store.writer import store_dir
 
@@ -40,8 +41,7 @@ def set_aside(path: Path) -> Path:
 def stored_documents(part: Path) -> list[tuple[str, list[int]]] | None:
     """(doc_id, tokens) of every document the store's bucket file of `part` holds; None when there is none that
     can be read."""
-    shard = int(part.name.removeprefix("part-").split(".", 1)[0])
-    path = store_dir(part.parent) / bucket_file_name(shard)
+    path = store_dir(part.parent) / bucket_file_name(part_index(part.name))
     try:
         with open(path, "rb") as f:
             if not os.fstat(f.fileno()).st_size:

@@ -11,6 +11,7 @@ from ..launch.records import read_worker_records
 from .files import ShardFile, list_parts, shared_metadata
 from .manifest import write_manifest
 from .format import MANIFEST, part_name, required_keys
+from .names import part_index
 
 
 def shard_status(path: str | Path, finalize: bool = False) -> dict:
@@ -90,6 +91,6 @@ def _shard_problem(path: Path) -> tuple[str | None, ShardFile | None]:
 
 def _index_of(name: str) -> int | None:
     try:
-        return int(name.removeprefix("part-").split(".", 1)[0])
+        return part_index(name)
     except ValueError:
         return None

@@ -23,7 +23,7 @@ from ..store.layout import SET_FILE, STORE_DIR, SUFFIX, bucket_file_name, encode
 from ..store.writer import bucket_meta, read_set_header, shared_set_metadata
 from .files import ShardFile, list_parts
 from .format import FORMAT_VERSION, MANIFEST, arrow_schema, decode_metadata, matching_keys, part_name, required_keys
-from .names import doc_key
+from .names import doc_key, part_index
 from .row_checks import RowChecks, problem
 from .recovery import advice
 
@@ -167,7 +167,7 @@ def _folder_problems(directory: Path, results: list[FileResult], meta: dict, hea
         if header.get("meta") != shared:
             out.append(problem("store-header", f"{STORE_DIR}/{SET_FILE}: describes other settings than the part "
                                                f"files; rebuild the store with `sift index {directory} --rebuild`"))
-        names = {bucket_file_name(int(n[5:10])) for n in present if n.startswith("part-")}
+        names = {bucket_file_name(part_index(n)) for n in present if n.startswith("part-")}
         for f in sorted((directory / STORE_DIR).glob(f"part-*{SUFFIX}")):
             if f.name not in names:
                 out.append(problem("store-foreign", f"{STORE_DIR}/{f.name}: no part file of the set has this "

@@ -15,6 +15,7 @@ from ..errors import SiftError
 from ..launch.claims import clean_leftovers
 from ..locks import bucket_claims, manifest_lock
 from ..shards.files import ShardFile, list_parts, shared_metadata, skipped_documents
+from ..shards.names import part_index
 from .layout import SUFFIX, BucketView, StoreDamage, bucket_file_name, part_fingerprint
 from .writer import store_dir, write_bucket, write_set_header
 
@@ -34,7 +35,7 @@ def bucket_state(part: Path, digest: str | None = None, verify: bool = False) ->
     set), or None when it is current. Reads its header, table and the part's footer; with `verify` also every
     record (their checksums)."""
     try:
-        shard = int(part.name.removeprefix("part-").split(".", 1)[0])
+        shard = part_index(part.name)
     except ValueError:
         return "not a part file"
     path = store_dir(part.parent) / bucket_file_name(shard)
@@ -63,7 +64,7 @@ def bucket_state(part: Path, digest: str | None = None, verify: bool = False) ->
 def _index_one(part: str) -> str:
     """Rebuild one bucket file holding its bucket's claim (a writer of that bucket writes its part and bucket
     files under it), so the bucket file is built from the part file in place."""
-    with bucket_claims(Path(part).parent).claim(int(Path(part).name[5:10]), wait=True):
+    with bucket_claims(Path(part).parent).claim(part_index(Path(part).name), wait=True):
         return _build_bucket(part)
 
 
@@ -105,7 +106,7 @@ def _index_set(directory: Path, workers: int, rebuild: bool, verify: bool) -> di
     else:
         for p in todo:
             _index_one(p)
-    names = {bucket_file_name(int(p.name[5:10])) for p in parts}
+    names = {bucket_file_name(part_index(p.name)) for p in parts}
     removed = 0
     for f in store_dir(directory).glob(f"part-*{SUFFIX}"):
         if f.name not in names:
