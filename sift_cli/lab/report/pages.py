@@ -36,7 +36,7 @@ def block(pub: Published, results: Path) -> str:
     if not found:
         return f"*Not yet re-measured.* Produced by `{pub.command}`.\n"
     merged = {**found[0][1], "rows": [r for _, res in found for r in res["rows"]],
-              "sets": [s for _, res in found for s in res.get("sets", [])], "results": [res for _, res in found]}
+              "results": [res for _, res in found]}
     return "\n\n".join(_provenance(n, res) for n, res in found) + "\n\n" + pub.render(merged) + "\n"
 
 

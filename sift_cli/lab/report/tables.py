@@ -136,6 +136,11 @@ def rows_table(columns: list[tuple[str, str, int]]):
     return render
 
 
+def _results(result: dict) -> list[dict]:
+    """Each result a table is rendered from (`pages.block` merges several as "results"), or the one given."""
+    return result.get("results") or [result]
+
+
 def store_lookup(result: dict) -> str:
     """`sift bench prefill --corpus-docs N`: SIFT's TTFT with the prompt's bits looked up in a set's serving store
     inside it, the lookup's share beside full recompute."""
@@ -157,7 +162,7 @@ def store_lookup(result: dict) -> str:
 def frontier(result: dict) -> str:
     """`sift eval frontier`: per prompt set and rule, computed density against KL, beside the set's noise floor."""
     out = []
-    for s in result.get("sets", []):
+    for s in (s for res in _results(result) for s in res.get("sets", [])):
         nf = s["noise_floor"]
         out.append([s["set"], f"noise floor (full {nf['reference_dtype']})", "100.0 %", num(nf["kl_median"], 4),
                     num(nf["kl_p90"], 4), "1×", f"{nf['first_token_same_count']}/{nf['n']}",
@@ -178,7 +183,7 @@ def recall(result: dict) -> str:
     """`sift eval recall`, one row per prompt set and side: the truly high cells (LA ≥ α, CA ≥ β) the stored bits
     and the computed blocks keep, the attention mass the blocks keep, beside the paper's Llama-3-8B recall."""
     out = []
-    for res in result.get("results") or [result]:
+    for res in _results(result):
         o, paper, src = res["overall"], res.get("paper") or {}, res.get("source") or {}
         tok = [p["tokens"] for p in res.get("prompts", [])]
         name = f"{src.get('name', '?')} ({len(tok)} prompts, {tokens(min(tok))}–{tokens(max(tok))})" if tok else "?"
@@ -205,7 +210,7 @@ def qa(result: dict) -> str:
     """`sift eval qa --nq`: per passage count and mode, accuracy and agreement with full recompute (same answer,
     same first token, median KL, its multiple of the noise floor), beside the noise floor's own."""
     out = []
-    for res in result.get("results") or [result]:
+    for res in _results(result):
         command = res.get("command") or ""
         config = f"{_flag(command, '--dtype') or 'auto'} + {_flag(command, '--backend') or 'auto'}"
         for run in res.get("runs", []):
@@ -236,7 +241,7 @@ def storage(result: dict) -> str:
     from ...sizes import binary_bytes
 
     out = []
-    for res in result.get("results") or [result]:
+    for res in _results(result):
         for r in res.get("models", []):
             if r["model"] not in STORAGE_MODELS or r["doc_tokens"] not in (1024, 2048):
                 continue
