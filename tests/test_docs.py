@@ -96,6 +96,7 @@ def _corpus(folder: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_doc_examples_run(tmp_path, monkeypatch):
     _corpus(tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -26,7 +26,7 @@ def text_tokens(smol):
 # one long document at the default tile; the other tiles at lengths of many pages (25 of 16, 4 and a part of 128)
 # but under half the cost of a forward with statistics at 1,000 tokens
 @pytest.mark.parametrize("tile,n", [(64, 1), (64, 63), (64, 64), (64, 65), (16, 15), (16, 17), (128, 129),
-                                    (64, 1000), (16, 400), (128, 520)])
+                                    pytest.param(64, 1000, marks=pytest.mark.heavy), (16, 400), (128, 520)])
 def test_bits_equal_brute_force(smol, text_tokens, tile, n):
     prefix = prefix_token_ids(smol.tokenizer)
     doc = text_tokens[3000: 3000 + n]
@@ -102,6 +102,7 @@ def test_all_bits_set_equals_dense_logits(smol, tmp_path):
     assert int(dense.argmax()) == int(run.logits.argmax())
 
 
+@pytest.mark.heavy
 def test_nq_one_unprofiled_passage_among_ten(smol, tmp_path):
     """An 11-passage NQ prompt whose middle passage no shard set holds (given as text): it runs, its density lies
     between the all-profiled prompt's and 1, and it agrees with full recompute at least as well (first token,

@@ -1,6 +1,8 @@
 """CPU-side checks of the bundled CUDA kernels: every .cu compiles for sm_90a with nvcc (skipped without nvcc),
 with no register spills and no serialised wgmma; host-side helpers behave without a GPU."""
 
+import fcntl
+import json
 import os
 import re
 import subprocess
@@ -58,16 +60,29 @@ def _compile(nvcc, folder, source, defines):
     return proc.returncode, proc.stderr, cubin.stat().st_size if cubin.is_file() else 0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def builds(tmp_path_factory):
-    """Every build these tests check, compiled once and side by side (one nvcc per core: each takes seconds)."""
+    """Every build these tests check, compiled once per test run and side by side (one nvcc per core: each takes
+    seconds). Under pytest-xdist the workers share one folder and a lock: whichever worker gets here first compiles,
+    any other reads its results (the xdist group alone did not keep the module on one worker in a full run)."""
     nvcc = nvcc_path()
     if not nvcc:
         pytest.skip("nvcc not found")
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "nvcc-builds"
+    shared.mkdir(exist_ok=True)
     todo = _build_list()
-    folders = [tmp_path_factory.mktemp("nvcc") for _ in todo]
-    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
-        done = pool.map(lambda job: _compile(nvcc, job[1], *job[0]), zip(todo, folders))
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = shared / "builds.json"
+        if record.is_file():
+            return dict(zip(todo, (tuple(r) for r in json.loads(record.read_text()))))
+        folders = [shared / f"b{i}" for i in range(len(todo))]
+        for f in folders:
+            f.mkdir()
+        with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+            done = list(pool.map(lambda job: _compile(nvcc, job[1], *job[0]), zip(todo, folders)))
+        record.write_text(json.dumps(done))
         return dict(zip(todo, done))
 
 

@@ -12,6 +12,7 @@ from sift_cli.shards.files import list_parts  # noqa: E402
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_ray_workers_give_the_same_shards_as_one_process(tmp_path, tiny_lm, tiny_ckpt, small_corpus):
     from sift_cli.launch.ray_tasks import profile_with_ray
 
