@@ -27,10 +27,6 @@ def _cupy_ok() -> bool:
 
 
 CUDA_HEAD_DIMS = (64, 128)
-# The kernel's window and soft-cap variants (and sinks through its LSE) until the H200 tests of
-# tests/test_families_gpu.py have passed on them: `auto` runs a model with features on flex meanwhile, and
-# `--backend cuda` runs them.
-CUDA_FEATURES_IN_AUTO = False
 
 
 def _cuda_refusal(features) -> str | None:
@@ -46,12 +42,11 @@ def get_backend(name: str, device: torch.device, features=None) -> AttentionBack
     every score and masks: it is for checking, not for speed.
 
     features: the model's `ModelFeatures`, when known. The cuda kernel has head_dim 64 and 128: `cuda` is refused
-    for another, naming the model type, and `auto` takes flex (exact for every supported feature); `auto` takes
-    flex for a model with attention features too, unless CUDA_FEATURES_IN_AUTO."""
+    for another, naming the model type, and `auto` takes flex (exact for every supported feature). Windows,
+    soft-capping and sinks run on the kernel's variants."""
     why_not_cuda = _cuda_refusal(features)
     if name == "auto":
-        featured = features is not None and not features.plain
-        if _hopper(device) and _cupy_ok() and why_not_cuda is None and (CUDA_FEATURES_IN_AUTO or not featured):
+        if _hopper(device) and _cupy_ok() and why_not_cuda is None:
             name = "cuda"
         else:
             name = "flex" if device.type == "cuda" else "gather"
