@@ -11,7 +11,7 @@ SmolLM2's prefill, profiling throughput. Each file records the `sift` command th
 `--phases` and the length flags trim the run; the 8B-shaped 128K prompts fit in a call of their own:
 
     ... python experiments/remeasure.py --out $OUT --budget 540 --phases prefill-8b-graphed,prefill-8b-eager \
-        --lengths 128k --repeat 2 --tag 128k
+        --lengths 128k --repeat 3 --tag 128k
 
 `--cpu-smoke` runs a tiny functional pass without a GPU (timings meaningless, files marked `cpu_smoke`).
 """
