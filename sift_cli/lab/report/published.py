@@ -57,9 +57,13 @@ TABLES = {t.name: t for t in (
               "--save docs/results/storage-t64.json"),
     Published("qa", ("qa-nq10-fp32-reference.json", "qa-nq20-fp32-reference.json", "qa-nq10-bf16-cuda.json",
                      "qa-nq20-bf16-cuda.json"), tables.qa,
-              "sift eval qa --nq --n-docs 10 --questions 12 --device cpu --dtype float32 --backend reference --save "
-              "docs/results/qa-nq10-fp32-reference.json (one file per --n-docs; bf16 + cuda on a Hopper GPU: "
-              "qa-nq10-bf16-cuda.json)"),
+              "sift eval qa --nq --n-docs 10 --questions 100 --device cuda --dtype float32 --backend reference --save "
+              "docs/results/qa-nq10-fp32-reference.json (one file per --n-docs and precision; --dtype bfloat16 "
+              "--backend cuda: qa-nq10-bf16-cuda.json)"),
+    Published("sweep", ("sweep-essays.json", "sweep-nq20.json"), tables.sweep,
+              "sift eval sweep --data essays --n-prompts 3 --points '32,0.001,0.01,0.1;64,0.001,0.01,0.1;"
+              "32,0.003,0.01,0.3;32,0.01,0.03,0.3;32,0.03,0.03,0.5' --device cuda --dtype float32 --backend reference "
+              "--save docs/results/sweep-essays.json (and --data nq --n-docs 20 --n-prompts 6: sweep-nq20.json)"),
     Published("recall", ("recall-nq20.json", "recall-essays.json"), tables.recall,
               "sift eval recall --data nq --n-docs 20 --n-prompts 6 --threads 1 --save docs/results/recall-nq20.json; "
               "sift eval recall --data essays --n-prompts 3 --threads 1 --save docs/results/recall-essays.json"),

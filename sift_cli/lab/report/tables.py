@@ -198,6 +198,22 @@ def recall(result: dict) -> str:
                   "document-row mass in computed blocks", "paper recall (Llama-3-8B)"], out)
 
 
+def sweep(result: dict) -> str:
+    """`sift eval sweep`: per prompt set and (T, α, β, γ) point, the cells computed and what the answers keep."""
+    out = []
+    for res in _results(result):
+        ps = res.get("prompt_set") or {}
+        first = (res.get("dense") or [{}])[0].get("tokens")
+        name = f"{ps.get('name', '?')} ({ps.get('prompts', '?')} prompts, {tokens(first)} in the first)"
+        for p in res.get("points", []):
+            out.append([name, f"{p['tile_size']}, {p['alpha']:g}, {p['beta']:g}, {p['gamma']:g}", pct(p["density"]),
+                        pct(p["block_density"]), pct(p["la_bit_density"]), pct(p["ca_bit_density"]),
+                        f"{p['kl_mean']:.1e}", f"{p['kl_max']:.1e}", f"{p['first_token_same_count']}/{p['n']}",
+                        f"{p['same_answer_count']}/{p['n']}"])
+    return table(["prompts", "T, α, β, γ", "cells computed", "blocks computed", "LA bits set", "CA bits set",
+                  "KL mean", "KL max", "same first token", "same 16-token answer"], out)
+
+
 QA_MODES = ("full", "sift", "sink+window", "kv-reuse", "cacheblend", "noise_floor")
 
 
