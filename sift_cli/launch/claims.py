@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..atomic import pid_alive
+from ..shards.names import part_index
 
 try:
     import fcntl
@@ -236,7 +237,7 @@ def clean_leftovers(out: str | Path) -> int:
     shards = set()
     for p in list(out.glob(".part-*.lock")) + list(out.glob(".part-*.parquet.*.tmp")):  # never .xlock
         try:
-            shards.add(int(p.name[len(".part-"):].split(".", 1)[0]))
+            shards.add(part_index(p.name.removeprefix(".")))
         except ValueError:
             continue
     before = _leftover_count(out)
