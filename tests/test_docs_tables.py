@@ -97,3 +97,12 @@ def test_the_shipped_renderers_take_the_benches_rows(tmp_path):
     TABLES["store"].render(make_result("bench-store", [{"documents": 10, "store": {"open_ms": 1.0},
                                                         "parquet": {"error": "x"}}]))
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_protocol_reads_as_words():
+    from sift_cli.lab.report.pages import _protocol
+    from sift_cli.timing import timing_protocol
+
+    assert _protocol(timing_protocol(3, 1)) == "warm median, repeat 3, warmup 1"
+    assert _protocol({"description": "graph replays", "repeat": 5}) == "graph replays"
+    assert _protocol("eager") == "eager" and _protocol(None) == ""

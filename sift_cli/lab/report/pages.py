@@ -15,8 +15,14 @@ MARKER = re.compile(r"(<!-- table:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /ta
 
 
 def _protocol(p) -> str:
+    """A result's protocol in words: its description, or its fields (the timing rule's kind first, unset ones left
+    out) as `warm median, repeat 3, warmup 1`."""
     if isinstance(p, dict):
-        return p.get("description") or ", ".join(f"{k}: {v}" for k, v in p.items())
+        if p.get("description"):
+            return p["description"]
+        parts = [str(p["protocol"]).replace("_", " ")] if p.get("protocol") else []
+        parts += [f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k != "protocol" and v is not None]
+        return ", ".join(parts)
     return str(p) if p else ""
 
 
