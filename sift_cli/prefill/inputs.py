@@ -12,7 +12,7 @@ from ..errors import SiftError
 
 def read_doc_ids(path: str | Path) -> list[str]:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():  # a pipe (a shell's `<(…)`) is read as a file
         raise SiftError(f"docs file not found: {path}")
     try:
         ids = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
@@ -33,7 +33,7 @@ def read_documents(path: str | Path, fmt: CorpusFormat = CorpusFormat()) -> list
     if p.is_dir():
         raise SiftError(f"--docs {path} is a folder — give a file listing the prompt's documents, one per line, "
                         f"or a JSONL of {{id[, text]}} records")
-    if not p.is_file():
+    if not p.exists():
         raise SiftError(f"docs file not found: {path}")
     if p.name.lower().endswith(JSONL_SUFFIXES):
         return _jsonl_documents(p, fmt)
@@ -70,7 +70,7 @@ def read_query(path: str | Path) -> str:
     p = Path(path)
     if p.is_dir():
         raise SiftError(f"--query {path} is a folder — give the file holding the question")
-    if not p.is_file():
+    if not p.exists():
         raise SiftError(f"query file not found: {path}")
     try:
         text = p.read_text(encoding="utf-8").strip()
