@@ -5,7 +5,8 @@ function and rendering its result with rich or as one JSON object. Errors the us
 - `shards`   sift inspect, validate, status, ids, index, sample-corpus
 - `prefill`  sift prefill, demo-prefill
 - `check`    sift check-model
-- `eval`     sift eval recall | build-qa | qa | sweep | storage, sift calibrate
+- `eval`     sift eval recall | build-qa | qa | sweep | frontier | storage
+- `calibrate` sift calibrate
 - `bench`    sift bench kernels | profile | prefill | store
 - `report`   sift report (the docs' tables from committed results)
 
@@ -25,7 +26,8 @@ from ..output_dirs import disk_full_error, is_disk_full
 from . import check, prefill, profile, report, shards
 from .bench import bench_app
 from .console import Interrupted, OutputClosed, err
-from .eval import calibrate, eval_app
+from .calibrate import calibrate
+from .eval import eval_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_enable=False,

@@ -1,5 +1,4 @@
-"""`sift eval …` and `sift calibrate`: parse the flags, call one measurement of the lab (`sift_cli.lab.eval`),
-render its result as tables (`eval_tables`) or one JSON object."""
+"""`sift eval …`: parse the flags, call one measurement of the lab (`sift_cli.lab.eval`), render its result as tables (`eval_tables`) or one JSON object."""
 
 from __future__ import annotations
 
@@ -8,60 +7,17 @@ from typing import Optional
 
 import typer
 
-from ..errors import SiftError
-from .console import out, print_json, progress
-from .eval_tables import (render_calibrate, render_frontier, render_qa, render_recall, render_storage,
-                          render_sweep)
+from .console import out, print_json
+from .eval_tables import render_frontier, render_qa, render_recall, render_storage, render_sweep
+from .lab_args import ints, model_spec, progress_bars, threshold_points
 from .options import (AlphaOpt, BackendOpt, BetaOpt, BlockMOpt, BlockNOpt, DataOpt, DeviceOpt, DtypeOpt, GammaOpt,
                       JsonOpt, ModelOpt, PlotOpt, SeedOpt, ThreadsOpt, TileOpt, TilesOpt, WorkOpt)
 from .results import SaveOpt, check_outputs, finish
-
-NO_CANDIDATE = 4  # `sift calibrate`'s exit code when no candidate meets the target (docs/cli.md)
 
 eval_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                        pretty_exceptions_enable=False,
                        help="Reproduce the paper's measurements on your model and corpus: recall, QA accuracy against "
                             "full recompute and CacheBlend, threshold sweeps, storage.")
-
-
-# ---- parsing ---------------------------------------------------------------------------------------------------
-
-def _numbers(text: str, name: str, kind, what: str) -> list:
-    try:
-        vals = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SiftError(f"{name} {text!r}: expected comma-separated {what}") from None
-    if not vals:
-        raise SiftError(f"{name}: no values")
-    return vals
-
-
-def _floats(text: str, name: str) -> list[float]:
-    return _numbers(text, name, float, "numbers")
-
-
-def _ints(text: str, name: str) -> list[int]:
-    return _numbers(text, name, int, "integers")
-
-
-def _model(model, device, dtype, threads):
-    from ..lab.runs import ModelSpec
-
-    return ModelSpec(model, device, dtype, threads)
-
-
-def _bars(as_json: bool):
-    """The lab's progress bars: one per phase on a terminal, none with --json."""
-    return lambda description: progress(description, not as_json)
-
-
-def _points(points, tiles, alphas, betas, gammas):
-    from ..lab.eval.sweep import grid, parse_points
-
-    if points:
-        return parse_points(points)
-    return grid(_ints(tiles, "--tiles"), _floats(alphas, "--alphas"), _floats(betas, "--betas"),
-                _floats(gammas, "--gammas"))
 
 
 # ---- eval recall -----------------------------------------------------------------------------------------------
@@ -87,9 +43,9 @@ def recall(
     from ..lab.eval.recall import recall_report
 
     check_outputs(save, plot)
-    res = recall_report(_model(model, device, dtype, threads), shards, prompts, data, data_dir, n_docs, n_prompts,
+    res = recall_report(model_spec(model, device, dtype, threads), shards, prompts, data, data_dir, n_docs, n_prompts,
                         docs_per_prompt, words, seed, tile, alpha, beta, gamma, block_m, block_n, work,
-                        progress_bar=_bars(as_json))
+                        progress_bar=progress_bars(as_json))
     finish(res, save, plot, "plot_recall", as_json, render_recall, kind="eval-recall")
 
 
@@ -151,14 +107,14 @@ def qa(
     from ..lab.eval.qa import qa_report
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
-    sizes = _ints(n_docs, "--n-docs")
+    sizes = ints(n_docs, "--n-docs")
     selection = ({"rule": "mass", "epsilon": epsilon, "ca_epsilon": ca_epsilon} if rule == "mass"
                  else {"rule": rule, "epsilon": epsilon, "ca_epsilon": ca_epsilon, "alpha": alpha, "beta": beta,
                        "gamma": gamma})
     check_outputs(save, plot, results)
-    result = qa_report(_model(model, device, dtype, threads), records, nq, sizes, questions, gold_position, seed,
+    result = qa_report(model_spec(model, device, dtype, threads), records, nq, sizes, questions, gold_position, seed,
                        mode_list, backend, max_new_tokens, ratio, blend_mask, tile, alpha, beta, gamma, block_m,
-                       block_n, results, data_dir, work, progress_bar=_bars(as_json), noise_floor=noise_floor,
+                       block_n, results, data_dir, work, progress_bar=progress_bars(as_json), noise_floor=noise_floor,
                        selection=selection)
     finish(result, save, plot, "plot_qa", as_json, lambda res: [render_qa(r) for r in res["runs"]],
            kind="eval-qa")
@@ -192,11 +148,11 @@ def sweep(
     """Density, KL, first-token and answer agreement over a grid of (T, α, β, γ)."""
     from ..lab.eval.sweep import sweep_report
 
-    pts = _points(points, tiles, alphas, betas, gammas)
+    pts = threshold_points(points, tiles, alphas, betas, gammas)
     check_outputs(save, plot)
-    res = sweep_report(_model(model, device, dtype, threads), pts, data, corpus, data_dir, n_docs, n_prompts,
+    res = sweep_report(model_spec(model, device, dtype, threads), pts, data, corpus, data_dir, n_docs, n_prompts,
                        docs_per_prompt, words, seed, backend, block_m, block_n, max_new_tokens, with_recall,
-                       progress_bar=_bars(as_json))
+                       progress_bar=progress_bars(as_json))
     finish(res, save, plot, "plot_sweep", as_json, render_sweep, kind="eval-sweep")
 
 
@@ -229,9 +185,9 @@ def frontier(
 
     names = [x.strip() for x in sets.split(",") if x.strip()]
     check_outputs(save, plot)
-    res = frontier_report(_model(model, device, dtype, threads), names, n_prompts, paper or PAPER_POINTS,
+    res = frontier_report(model_spec(model, device, dtype, threads), names, n_prompts, paper or PAPER_POINTS,
                           mass or MASS_POINTS, tile, seed, backend, block_m, block_n, max_new_tokens, data_dir,
-                          essay_words, progress_bar=_bars(as_json))
+                          essay_words, progress_bar=progress_bars(as_json))
     finish(res, save, plot, "plot_frontier", as_json, render_frontier, kind="eval-frontier")
 
 
@@ -250,68 +206,5 @@ def storage(
     from ..lab.eval.storage import storage_report
 
     chosen = [m.strip() for m in models.split(",") if m.strip()] if models else None
-    res = storage_report(shards, tile, _ints(doc_lengths, "--doc-lengths"), chosen)
+    res = storage_report(shards, tile, ints(doc_lengths, "--doc-lengths"), chosen)
     finish(res, save, plot, "plot_storage", as_json, lambda r: render_storage(r, tile), kind="eval-storage")
-
-
-# ---- calibrate -------------------------------------------------------------------------------------------------
-
-def calibrate(
-    corpus: str = typer.Argument(..., help="the corpus you will profile (same formats as `sift profile`)"),
-    max_kl: Optional[float] = typer.Option(None, "--max-kl", help="target: mean KL(full ‖ SIFT) at the last "
-                                                                  "position <= this"),
-    min_agreement: Optional[float] = typer.Option(None, "--min-agreement", help="target: first-token agreement "
-                                                                                ">= this (0..1)"),
-    min_recall: Optional[float] = typer.Option(None, "--min-recall", help="target: min(LA, CA) recall >= this"),
-    max_kl_over_noise: Optional[float] = typer.Option(None, "--max-kl-over-noise", help="target: the median over "
-                                                      "prompts of KL(full ‖ SIFT) over the prompt's numeric noise "
-                                                      "floor <= this (docs/evaluation.md)"),
-    rule: str = typer.Option("paper", "--rule", help="candidates of the paper rule (--points or --tiles/--alphas/"
-                                                     "--betas/--gammas) or the mass rule (--epsilons, "
-                                                     "--ca-epsilons, one --tiles)"),
-    epsilons: str = typer.Option("0.005,0.01,0.02,0.05,0.1", "--epsilons", help="--rule mass: ε candidates"),
-    ca_epsilons: str = typer.Option("0.02,0.05,0.1", "--ca-epsilons", help="--rule mass: ε' candidates"),
-    n_prompts: int = typer.Option(4, "--n-prompts", help="prompts sampled from the corpus"),
-    docs_per_prompt: int = typer.Option(5, "--docs-per-prompt"),
-    queries: Optional[Path] = typer.Option(None, "--queries", help="file of typical user questions, one per line"),
-    seed: int = SeedOpt,
-    points: Optional[str] = typer.Option(None, "--points", help="explicit candidates 'T,α,β,γ;…'"),
-    tiles: str = TilesOpt,
-    alphas: str = typer.Option("0.001,0.003,0.01,0.03", "--alphas"), betas: str = typer.Option("0.01,0.03", "--betas"),
-    gammas: str = typer.Option("0.1,0.3", "--gammas"),
-    block_m: int = BlockMOpt,
-    block_n: int = BlockNOpt,
-    max_new_tokens: int = typer.Option(8, "--max-new-tokens", help="greedy tokens compared per prompt (reported)"),
-    config_out: Path = typer.Option(Path("sift.toml"), "--config-out", help="where to write the choice (`sift "
-                                                                            "profile` reads ./sift.toml)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="measure and report, write nothing"),
-    id_field: str = typer.Option("id", "--id-field"),
-    text_field: str = typer.Option("text", "--text-field"),
-    title_field: str = typer.Option("title", "--title-field"),
-    template: Optional[str] = typer.Option(None, "--template"),
-    backend: str = BackendOpt,
-    model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, threads: int = ThreadsOpt,
-    save: Optional[Path] = SaveOpt, as_json: bool = JsonOpt,
-):
-    """Pick the sparsest (T, α, β, γ) that meets your fidelity target on prompts from your corpus; write sift.toml."""
-    from ..corpus import corpus_format
-    from ..lab.eval.calibrate import Target, calibrate_corpus
-
-    if rule not in ("paper", "mass"):
-        raise SiftError(f"--rule {rule}: expected paper or mass")
-    if rule == "mass":
-        from ..lab.eval.mass_grid import MassPoint
-
-        pts = [MassPoint(t, e, c) for t in _ints(tiles, "--tiles") for e in _floats(epsilons, "--epsilons")
-               for c in _floats(ca_epsilons, "--ca-epsilons")]
-    else:
-        pts = _points(points, tiles, alphas, betas, gammas)
-    target = Target(max_kl, min_agreement, min_recall, max_kl_over_noise)
-    res = calibrate_corpus(_model(model, device, dtype, threads), corpus, pts, target,
-                           corpus_format(id_field, text_field, title_field, template), n_prompts, docs_per_prompt,
-                           queries, seed, backend, block_m, block_n, max_new_tokens, config_out, dry_run,
-                           progress_bar=_bars(as_json))
-    finish(res, save, None, None, as_json, render_calibrate, kind="calibrate")
-    if res["chosen"] is None:
-        raise typer.Exit(NO_CANDIDATE)
-

@@ -11,7 +11,8 @@ import typer
 
 from sift_cli.cli.bench import bench_prefill
 from sift_cli.cli.console import err
-from sift_cli.cli.eval import calibrate, eval_app
+from sift_cli.cli.calibrate import calibrate
+from sift_cli.cli.eval import eval_app
 from sift_cli.errors import SiftError
 
 from ..helpers import TRAINING_TEXT, command_line

@@ -151,7 +151,7 @@ def test_prefill_defaults_suit_the_device(tiny_lm, shard_set):
 def test_calibrate_fits_prompts_in_the_context_and_has_its_own_outcome(tmp_path, tiny_ckpt, capsys, monkeypatch):
     """Long documents: prompts keep the documents that fit the (1024-token) context instead of failing after the
     statistics pass; no candidate meeting the target exits 4 with advice from what was measured."""
-    from sift_cli.cli.eval import NO_CANDIDATE
+    from sift_cli.cli.calibrate import NO_CANDIDATE
 
     corpus = tmp_path / "c"
     corpus.mkdir()

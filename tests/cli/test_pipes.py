@@ -28,7 +28,8 @@ _FAKES = textwrap.dedent("""
                "ca_max": .9}
         return {"path": path, "files": 1, "documents": 1, "tokens": 1, "tokens_min": 1, "tokens_max": 1,
                 "tokens_mean": 1.0, "model": {"name": "m"}, "n_layers": 1, "n_heads": 1, "n_kv_heads": 1,
-                "head_dim": 1, "tile_size": 16, "alpha": 0, "beta": 0, "gamma": 0, "tiles": 1, "pages": 1,
+                "head_dim": 1, "tile_size": 16, "rule": "paper", "alpha": 0, "beta": 0, "gamma": 0, "tiles": 1,
+                "pages": 1,
                 "la_density": .5, "ca_density": .5, "metadata_bytes": 1, "shard_bytes_on_disk": 1,
                 "kv_cache_bytes_bf16": 1, "kv_to_metadata_ratio": 1, "per_layer": [row] * 20_000}
 
