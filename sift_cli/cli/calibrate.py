@@ -11,8 +11,8 @@ import typer
 from ..errors import SiftError
 from .eval_tables import render_calibrate
 from .lab_args import floats, ints, model_spec, progress_bars, threshold_points
-from .options import (BackendOpt, BlockMOpt, BlockNOpt, DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, SeedOpt, ThreadsOpt,
-                      TilesOpt)
+from .options import (BackendOpt, BlockMOpt, BlockNOpt, DeviceOpt, DtypeOpt, IdFieldOpt, JsonOpt, ModelOpt, SeedOpt,
+                      TemplateOpt, TextFieldOpt, ThreadsOpt, TilesOpt, TitleFieldOpt)
 from .results import SaveOpt, finish
 
 NO_CANDIDATE = 4  # the exit code when no candidate meets the target (docs/cli.md)
@@ -47,10 +47,10 @@ def calibrate(
     config_out: Path = typer.Option(Path("sift.toml"), "--config-out", help="where to write the choice (`sift "
                                                                             "profile` reads ./sift.toml)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="measure and report, write nothing"),
-    id_field: str = typer.Option("id", "--id-field"),
-    text_field: str = typer.Option("text", "--text-field"),
-    title_field: str = typer.Option("title", "--title-field"),
-    template: Optional[str] = typer.Option(None, "--template"),
+    id_field: str = IdFieldOpt,
+    text_field: str = TextFieldOpt,
+    title_field: str = TitleFieldOpt,
+    template: Optional[str] = TemplateOpt,
     backend: str = BackendOpt,
     model: Optional[str] = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, threads: int = ThreadsOpt,
     save: Optional[Path] = SaveOpt, as_json: bool = JsonOpt,
@@ -76,4 +76,3 @@ def calibrate(
     finish(res, save, None, None, as_json, render_calibrate, kind="calibrate")
     if res["chosen"] is None:
         raise typer.Exit(NO_CANDIDATE)
-

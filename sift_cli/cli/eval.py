@@ -1,4 +1,5 @@
-"""`sift eval …`: parse the flags, call one measurement of the lab (`sift_cli.lab.eval`), render its result as tables (`eval_tables`) or one JSON object."""
+"""`sift eval …`: parse the flags, call one measurement of the lab (`sift_cli.lab.eval`), render its result as
+tables (`eval_tables`) or one JSON object."""
 
 from __future__ import annotations
 

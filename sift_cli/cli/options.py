@@ -25,3 +25,9 @@ BlockMOpt = typer.Option(128, "--block-m")
 BlockNOpt = typer.Option(64, "--block-n")
 SeedOpt = typer.Option(0, "--seed")
 TilesOpt = typer.Option("32,64", "--tiles")  # the tile sizes a grid of thresholds tries
+# how a corpus's records read (`sift profile`, and `sift calibrate`, which samples the corpus you will profile)
+IdFieldOpt = typer.Option("id", "--id-field", help="JSONL/Parquet id field")
+TextFieldOpt = typer.Option("text", "--text-field", help="JSONL/Parquet text field")
+TitleFieldOpt = typer.Option("title", "--title-field", help="JSONL/Parquet title field (optional)")
+TemplateOpt = typer.Option(None, "--template", help="document template with {title}, {text}, {id}; default "
+                                                    "'Title: {title}\\n{text}\\n\\n'")

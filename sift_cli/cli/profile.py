@@ -11,7 +11,8 @@ from rich.markup import escape
 
 from ..shards.recovery import advice
 from .console import Interrupted, err, out, print_json, progress
-from .options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, OnlineOpt, TrustOpt
+from .options import (DeviceOpt, DtypeOpt, IdFieldOpt, JsonOpt, ModelOpt, OnlineOpt, TemplateOpt, TextFieldOpt,
+                      TitleFieldOpt, TrustOpt)
 
 
 def profile(
@@ -46,11 +47,10 @@ def profile(
     docs_per_shard: int = typer.Option(1000, "--docs-per-shard"),
     strict: bool = typer.Option(False, "--strict", help="fail on documents longer than the model's context "
                                                         "instead of skipping them"),
-    id_field: str = typer.Option("id", "--id-field", help="JSONL/Parquet id field"),
-    text_field: str = typer.Option("text", "--text-field", help="JSONL/Parquet text field"),
-    title_field: str = typer.Option("title", "--title-field", help="JSONL/Parquet title field (optional)"),
-    template: Optional[str] = typer.Option(None, "--template", help="document template with {title}, {text}, "
-                                                                     "{id}; default 'Title: {title}\\n{text}\\n\\n'"),
+    id_field: str = IdFieldOpt,
+    text_field: str = TextFieldOpt,
+    title_field: str = TitleFieldOpt,
+    template: Optional[str] = TemplateOpt,
     prefix_text: Optional[str] = typer.Option(None, "--prefix-text", help="prompt prefix text (default: the "
                                                                            "chat template up to the user turn)"),
     stats: str = typer.Option("auto", "--stats", help="attention statistics: auto (triton on CUDA), torch "
